@@ -1,0 +1,45 @@
+"""Facts about a redis-py (or fakeredis, or cluster) client that the core needs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster."""
+    return hasattr(client, "nodes_manager")
+
+
+def connection_kwargs(client: Any) -> dict[str, Any]:
+    """The keyword arguments the client opens connections with."""
+    if is_cluster(client):
+        return dict(getattr(client.nodes_manager, "connection_kwargs", {}) or {})
+    pool = getattr(client, "connection_pool", None)
+    return dict(getattr(pool, "connection_kwargs", {}) or {})
+
+
+def blocking_cap_s(kwargs: dict[str, Any]) -> float:
+    """Longest single BLMOVE wait that stays inside the client's socket timeout (s)."""
+    timeout = kwargs.get("socket_timeout")
+    if not timeout:
+        return 5.0
+    return max(0.01, min(5.0, float(timeout) * 0.8))
+
+
+def server_versions(client: Any) -> list[str]:
+    """``redis_version`` of every server the client reaches ([] when it will not say:
+    fakeredis has no INFO, and emulates a recent Redis)."""
+    try:
+        info = client.info("server")
+    except redis.ResponseError:
+        return []
+    if "redis_version" in info:
+        return [str(info["redis_version"])]
+    return [str(v["redis_version"]) for v in info.values() if isinstance(v, dict)]
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """``"6.2.14"`` -> ``(6, 2, 14)``; junk parts count as 0."""
+    return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))

@@ -1,0 +1,92 @@
+"""Queue configuration: a frozen dataclass with units in the names and documented defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .errors import ConfigError
+
+DEFAULT_PRIORITY_STEPS: tuple[int, ...] = (0,)
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """How one queue behaves. Every field is keyword-only and validated on creation.
+
+    Attributes:
+        lease_ms: How long a claim stays valid without an extension (ms, server clock).
+        max_deliveries: Deliveries after which a message that is nacked or whose lease
+            expires goes to the dead-letter list instead of back to ready.
+        heartbeat_interval_ms: How often the lease keeper extends the leases this process
+            holds. Defaults to a third of ``lease_ms``.
+        sweep_interval_ms: Fleet-wide period of the guarded sweep (ms).
+        sweep_limit: How many expired leases one claim sweeps before claiming (bounded work).
+        dead_letter_max: Cap of the dead-letter list; the oldest dead letters are dropped.
+        dedup_window_ms: How long a ``dedup_id`` suppresses republishing (ms).
+        retry_base_ms: First backoff of ``nack(delay_ms=None)``; doubles per delivery (ms).
+        retry_max_ms: Cap of that backoff before jitter (ms).
+        priority_steps: Priority levels, lowest number served first (kombu's convention);
+            a priority maps to the largest step not above it.
+        starvation_floor: Opt-in share of claims (0..0.5) taken from the lowest-priority
+            non-empty level, so bulk work keeps moving under sustained urgent load.
+        payload_in_list: When true the ready list holds the payloads themselves (a list that
+            stock kombu producers or RQ push to); when false it holds ids and the payload
+            lives in a per-message hash.
+        prefix: First part of every key belayq builds.
+    """
+
+    lease_ms: int = 30_000
+    max_deliveries: int = 5
+    heartbeat_interval_ms: int | None = None
+    sweep_interval_ms: int = 1_000
+    sweep_limit: int = 128
+    dead_letter_max: int = 10_000
+    dedup_window_ms: int = 3_600_000
+    retry_base_ms: int = 1_000
+    retry_max_ms: int = 300_000
+    priority_steps: tuple[int, ...] = field(default=DEFAULT_PRIORITY_STEPS)
+    starvation_floor: float = 0.0
+    payload_in_list: bool = False
+    prefix: str = "belayq"
+
+    def __post_init__(self) -> None:
+        _positive("lease_ms", self.lease_ms, minimum=100)
+        _positive("max_deliveries", self.max_deliveries)
+        _positive("sweep_interval_ms", self.sweep_interval_ms, minimum=10)
+        _positive("sweep_limit", self.sweep_limit)
+        _positive("dead_letter_max", self.dead_letter_max)
+        _positive("dedup_window_ms", self.dedup_window_ms)
+        _positive("retry_base_ms", self.retry_base_ms)
+        _positive("retry_max_ms", self.retry_max_ms)
+        if self.heartbeat_interval_ms is not None:
+            _positive("heartbeat_interval_ms", self.heartbeat_interval_ms, minimum=10)
+            if self.heartbeat_interval_ms >= self.lease_ms:
+                raise ConfigError(
+                    f"heartbeat_interval_ms={self.heartbeat_interval_ms} must be shorter than "
+                    f"lease_ms={self.lease_ms}, or every lease expires between two heartbeats"
+                )
+        steps = tuple(self.priority_steps)
+        if not steps or any(not isinstance(s, int) or s < 0 for s in steps):
+            raise ConfigError(f"priority_steps must be non-negative ints, got {steps!r}")
+        if list(steps) != sorted(set(steps)):
+            raise ConfigError(f"priority_steps must be strictly increasing, got {steps!r}")
+        object.__setattr__(self, "priority_steps", steps)
+        if not 0.0 <= self.starvation_floor <= 0.5:
+            raise ConfigError(f"starvation_floor must be within 0..0.5, got {self.starvation_floor}")
+        if not self.prefix or any(c in self.prefix for c in "{}"):
+            raise ConfigError(f"prefix must be non-empty and hold no braces, got {self.prefix!r}")
+
+    @property
+    def heartbeat_ms(self) -> int:
+        """The effective heartbeat period (ms)."""
+        return self.heartbeat_interval_ms or max(10, self.lease_ms // 3)
+
+    @property
+    def floor_every(self) -> int:
+        """Every how many claims one goes to the lowest level (0 = never)."""
+        return round(1 / self.starvation_floor) if self.starvation_floor > 0 else 0
+
+
+def _positive(name: str, value: object, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")

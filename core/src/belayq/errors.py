@@ -1,0 +1,36 @@
+"""One exception tree for belayq; redis-py errors are translated at the core's boundary."""
+
+from __future__ import annotations
+
+
+class BelayqError(Exception):
+    """Root of every error belayq raises."""
+
+
+class ConfigError(BelayqError, ValueError):
+    """A queue was configured with a value that cannot work; the message says which and why."""
+
+
+class RedisTooOld(BelayqError):
+    """The server is older than Redis 6.2, which belayq needs for BLMOVE/LMOVE."""
+
+
+class SchemaMismatch(BelayqError):
+    """The queue's keys were written by a belayq with another key schema version."""
+
+
+class CrossSlot(ConfigError):
+    """The queue's keys would land on more than one Redis Cluster hash slot."""
+
+
+class LeaseLost(BelayqError):
+    """A blocking claim lost its message to the sweep before its lease was registered."""
+
+
+class StaleToken(BelayqError):
+    """A settle call presented a token from an expired or superseded claim."""
+
+
+class ConnectionLost(BelayqError, ConnectionError):
+    """Redis could not be reached; nothing was changed by the failed call, or the change is
+    idempotent and may be retried."""

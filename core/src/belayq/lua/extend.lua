@@ -1,0 +1,24 @@
+-- extend.lua: push the lease deadline of many claims to now + lease_ms, token-checked.
+--
+-- KEYS: the common vector (lib/common.lua).
+-- ARGV[5] lease_ms
+-- ARGV[6..] pairs of (id, token)
+-- Returns one integer per pair: 1 extended, 0 refused (stale token: the claim was swept or
+-- settled; the caller must stop working on it). Refusals count in stats.stale_acks.
+-- @include common
+
+local deadline = now_ms() + tonumber(ARGV[5])
+local out = {}
+local stale = 0
+for i = 6, #ARGV, 2 do
+  local id, token = ARGV[i], ARGV[i + 1]
+  if token ~= '0' and redis.call('HGET', mkey(id), 't') == token then
+    redis.call('ZADD', leases, 'XX', deadline, id)
+    out[#out + 1] = 1
+  else
+    stale = stale + 1
+    out[#out + 1] = 0
+  end
+end
+count('stale_acks', stale)
+return out

@@ -1,0 +1,284 @@
+-- common.lua: included at the top of every belayq script (scripts.py pastes it in).
+--
+-- KEYS, the same vector for every script (all on one cluster slot):
+--   KEYS[1]  processing  list of claimed entries (BLMOVE/LMOVE destination)
+--   KEYS[2]  leases      zset id -> lease deadline (ms, server clock)
+--   KEYS[3]  delayed     zset id -> due time (ms, server clock)
+--   KEYS[4]  dead        list of dead-lettered ids, newest at the head
+--   KEYS[5]  stats       hash: counters, 'seq' (token sequence), 'schema'
+--   KEYS[6]  guard       string: the fleet-wide sweep guard (SET NX PX)
+--   KEYS[7..] levels     ready lists, highest priority first; KEYS[7] is the BLMOVE source
+-- Per-message hashes '<base>m:<id>' and dedup keys '<base>dedup:<dedup id>' are derived
+-- from KEYS[1] ('<base>processing'), so they share its hash tag and slot.
+--
+-- ARGV, the same first four for every script:
+--   ARGV[1]  skew_ms         added to the server clock; 0 except in tests that move time
+--   ARGV[2]  inline          '1': list entries are the payloads themselves (id = sha1 of the
+--                            entry); '0': entries are ids, payloads live in the message hash
+--   ARGV[3]  max_deliveries  deliveries after which a failed message is dead-lettered
+--   ARGV[4]  dead_max        cap of the dead-letter list
+-- Script-specific arguments start at ARGV[5].
+--
+-- Message hash fields: p payload (in inline mode: the list entry), l level (1-based),
+-- n deliveries, t token of the current claim ('0' = provisional lease of the sweep),
+-- u published at (ms), e last error, d dead-lettered at (ms).
+
+local processing = KEYS[1]
+local leases = KEYS[2]
+local delayed = KEYS[3]
+local dead = KEYS[4]
+local stats = KEYS[5]
+local guard = KEYS[6]
+local levels = {}
+for i = 7, #KEYS do levels[#levels + 1] = KEYS[i] end
+local base = string.sub(processing, 1, -11)
+
+local skew_ms = tonumber(ARGV[1])
+local inline = ARGV[2] == '1'
+local max_deliveries = tonumber(ARGV[3])
+local dead_max = tonumber(ARGV[4])
+
+-- A bell wakes blocked claimers when work sits only in lower levels (see fix_door).
+local BELL = '\0belayq:bell'
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + skew_ms
+end
+
+local function mkey(id)
+  return base .. 'm:' .. id
+end
+
+-- Short entries (RQ job ids) are their own id; long ones (kombu envelopes) go by digest.
+-- fakeredis has no redis.sha1hex, so it gets a weaker polynomial digest instead.
+local function digest(s)
+  if redis.sha1hex then return redis.sha1hex(s) end
+  local a, b = 7, 11
+  for i = 1, #s do
+    local c = string.byte(s, i)
+    a = (a * 257 + c) % 2147483647
+    b = (b * 263 + c) % 2147483629
+  end
+  return string.format('x%08x%08x%x', a, b, #s)
+end
+
+local function id_of(entry)
+  if inline and #entry > 64 then return digest(entry) end
+  return entry
+end
+
+local function entry_of(id)
+  if inline then return redis.call('HGET', mkey(id), 'p') end
+  return id
+end
+
+local function level_of(id)
+  local l = tonumber(redis.call('HGET', mkey(id), 'l') or '1') or 1
+  if l < 1 then return 1 end
+  if l > #levels then return #levels end
+  return l
+end
+
+local function count(field, by)
+  if by ~= 0 then redis.call('HINCRBY', stats, field, by) end
+end
+
+-- Keep "level 1 empty => nothing ready anywhere" true for blocked claimers: when level 1
+-- is empty but a lower level holds work, ring the bell in level 1 so a BLMOVE wakes up
+-- and claims by priority. At most one bell exists, since it is rung only into an empty list.
+local function fix_door()
+  if #levels < 2 or redis.call('LLEN', levels[1]) > 0 then return end
+  for i = 2, #levels do
+    if redis.call('LLEN', levels[i]) > 0 then
+      redis.call('RPUSH', levels[1], BELL)
+      return
+    end
+  end
+end
+
+-- Put an entry back on its ready list: front = next to be claimed (claims pop RIGHT).
+local function push_ready(id, entry, front)
+  local lvl = level_of(id)
+  if front then
+    redis.call('RPUSH', levels[lvl], entry)
+  else
+    redis.call('LPUSH', levels[lvl], entry)
+  end
+end
+
+local function dead_letter(id, reason, now)
+  local m = mkey(id)
+  redis.call('HSET', m, 'e', reason, 'd', now)
+  redis.call('HDEL', m, 't')
+  redis.call('PERSIST', m)
+  redis.call('LPUSH', dead, id)
+  count('dead_lettered', 1)
+  while redis.call('LLEN', dead) > dead_max do
+    local old = redis.call('RPOP', dead)
+    redis.call('DEL', mkey(old))
+    count('dead_dropped', 1)
+  end
+end
+
+-- Settle a message that left processing without an ack: dead-letter it after
+-- max_deliveries (unless provisional), delay it, or put it back on its ready list.
+-- Returns 'dead', 'delayed' or 'ready'.
+local function send_back(id, entry, now, delay_ms, reason, front, may_die)
+  local m = mkey(id)
+  redis.call('ZREM', leases, id)
+  redis.call('HDEL', m, 't')
+  if reason and reason ~= '' then redis.call('HSET', m, 'e', reason) end
+  local n = tonumber(redis.call('HGET', m, 'n') or '0') or 0
+  if may_die and n >= max_deliveries then
+    dead_letter(id, (reason or '') .. ' (after ' .. n .. ' deliveries, max_deliveries=' ..
+      max_deliveries .. ')', now)
+    return 'dead'
+  end
+  if inline and entry then redis.call('HSET', m, 'p', entry) end
+  if delay_ms > 0 then
+    redis.call('ZADD', delayed, now + delay_ms, id)
+    return 'delayed'
+  end
+  push_ready(id, entry or id, front)
+  if inline and n == 0 then redis.call('DEL', m) end
+  return 'ready'
+end
+
+-- Return up to `limit` expired leases to the front of their ready lists.
+-- Returns reclaimed, dead-lettered, adopted (provisional leases that expired).
+local function sweep_expired(now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', leases, '-inf', now, 'LIMIT', 0, limit)
+  local reclaimed, died, adopted = 0, 0, 0
+  for _, id in ipairs(ids) do
+    local m = mkey(id)
+    local token = redis.call('HGET', m, 't')
+    local entry = entry_of(id)
+    if not entry then
+      redis.call('ZREM', leases, id)
+      if not inline then redis.call('LREM', processing, -1, id) end
+      dead_letter(id, 'message hash missing for a leased id', now)
+      died = died + 1
+    else
+      redis.call('LREM', processing, -1, entry)
+      if token == '0' then
+        send_back(id, entry, now, 0, nil, true, false)
+        adopted = adopted + 1
+      elseif send_back(id, entry, now, 0, 'lease expired', true, true) == 'dead' then
+        died = died + 1
+      else
+        reclaimed = reclaimed + 1
+      end
+    end
+  end
+  count('reclaimed', reclaimed)
+  count('adopted', adopted)
+  return reclaimed, died, adopted
+end
+
+-- Move up to `limit` due delayed messages to the back of their ready lists.
+local function promote_due(now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, limit)
+  local promoted = 0
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', delayed, id)
+    local entry = entry_of(id)
+    if entry then
+      push_ready(id, entry, false)
+      if inline and tonumber(redis.call('HGET', mkey(id), 'n') or '0') == 0 then
+        redis.call('DEL', mkey(id))
+      end
+      promoted = promoted + 1
+    end
+  end
+  count('promoted', promoted)
+  return promoted
+end
+
+-- Register the lease of an entry that now sits in processing. Returns the delivery
+-- {id, payload, token, deliveries}, or nil when the entry cannot be delivered (its
+-- message hash is missing: dead-lettered; an identical copy is already leased: dropped).
+local function lease_entry(entry, lvl, now, lease_ms)
+  local id = id_of(entry)
+  local m = mkey(id)
+  local current = redis.call('HGET', m, 't')
+  if current and current ~= '0' then
+    redis.call('LREM', processing, 1, entry)
+    count('duplicates_dropped', 1)
+    return nil
+  end
+  local payload = entry
+  if inline then
+    if redis.call('EXISTS', m) == 0 then redis.call('HSET', m, 'l', lvl) end
+    redis.call('HSET', m, 'p', entry)
+  else
+    payload = redis.call('HGET', m, 'p')
+    if not payload then
+      redis.call('LREM', processing, 1, entry)
+      redis.call('ZREM', leases, id)
+      dead_letter(id, 'payload hash missing for id', now)
+      count('malformed', 1)
+      return nil
+    end
+  end
+  local n = redis.call('HINCRBY', m, 'n', 1)
+  local token = tostring(redis.call('HINCRBY', stats, 'seq', 1))
+  redis.call('HSET', m, 't', token)
+  redis.call('PERSIST', m)
+  redis.call('ZADD', leases, now + lease_ms, id)
+  count('claimed', 1)
+  return {id, payload, token, n}
+end
+
+-- Which level the next claim takes from: the highest-priority non-empty one, except that
+-- every floor_every-th claim takes the lowest non-empty one (the starvation floor).
+local function pick_level(floor_every)
+  if floor_every > 0 and #levels > 1 then
+    local k = redis.call('HINCRBY', stats, 'floor_seq', 1)
+    if k % floor_every == 0 then
+      for i = #levels, 2, -1 do
+        if redis.call('LLEN', levels[i]) > 0 then return i end
+      end
+    end
+  end
+  for i = 1, #levels do
+    while true do
+      local head = redis.call('LINDEX', levels[i], -1)
+      if head ~= BELL then break end
+      redis.call('RPOP', levels[i])
+    end
+    if redis.call('LLEN', levels[i]) > 0 then return i end
+  end
+  return nil
+end
+
+-- Claim up to `n` ready entries into processing with leases; appends to `out`.
+local function claim_ready(n, now, lease_ms, floor_every, out)
+  local got = 0
+  local attempts = 0
+  while got < n and attempts < n + 64 do
+    attempts = attempts + 1
+    local lvl = pick_level(floor_every)
+    if not lvl then break end
+    local entry = redis.call('LMOVE', levels[lvl], processing, 'RIGHT', 'LEFT')
+    if entry == BELL then
+      redis.call('LREM', processing, 1, BELL)
+    elseif entry then
+      local d = lease_entry(entry, lvl, now, lease_ms)
+      if d then
+        for _, v in ipairs(d) do out[#out + 1] = v end
+        got = got + 1
+      end
+    end
+  end
+  return got
+end
+
+-- Milliseconds until the next delayed message is due, or -1 when none is delayed.
+local function next_due_in(now)
+  local first = redis.call('ZRANGE', delayed, 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  local wait = tonumber(first[2]) - now
+  if wait < 0 then return 0 end
+  return math.floor(wait)
+end

@@ -1,0 +1,64 @@
+"""Values the core hands out: deliveries, dead letters, sweep results."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One claim of one message.
+
+    Attributes:
+        id: The message id (in inline mode, the sha1 of the list entry).
+        payload: The message bytes.
+        token: The fencing token of this claim; settle calls must present it.
+        deliveries: How many times the message has been claimed, 1 on the first claim.
+        queue: The name of the queue it was claimed from.
+    """
+
+    id: str
+    payload: bytes
+    token: str
+    deliveries: int
+    queue: str
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A message in the dead-letter list.
+
+    Attributes:
+        id: The message id.
+        payload: The message bytes, or None when the payload itself was missing.
+        reason: Why it was dead-lettered.
+        deliveries: How many times it had been claimed.
+        dead_at_ms: When it was dead-lettered (ms, server clock).
+    """
+
+    id: str
+    payload: bytes | None
+    reason: str
+    deliveries: int
+    dead_at_ms: int
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one sweep did.
+
+    Attributes:
+        ran: False when another process swept within the guard period.
+        reclaimed: Expired leases put back to ready.
+        dead_lettered: Messages dead-lettered because they ran out of deliveries.
+        adopted: Lease-less claims (claimer died after BLMOVE) put back to ready.
+        promoted: Delayed messages that became ready.
+        orphans_found: Lease-less claims given a provisional lease this time.
+    """
+
+    ran: bool
+    reclaimed: int
+    dead_lettered: int
+    adopted: int
+    promoted: int
+    orphans_found: int

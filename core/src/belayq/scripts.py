@@ -1,0 +1,127 @@
+"""Loads the Lua scripts from ``lua/`` and runs them with EVALSHA (reloading on NOSCRIPT).
+
+Each script file is one transition; ``-- @include name`` pastes ``lua/lib/name.lua`` in.
+Every script takes the same KEYS vector and the same first four ARGV (see
+``lua/lib/common.lua``); :class:`ScriptRunner` adds both, so callers pass only the
+script-specific arguments.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+from .config import QueueConfig
+from .keys import QueueKeys
+
+Arg = str | bytes | int | float
+
+_INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
+SCRIPT_NAMES = (
+    "publish",
+    "claim",
+    "lease",
+    "ack",
+    "nack",
+    "extend",
+    "release",
+    "sweep",
+    "replay",
+    "purge",
+    "stats",
+)
+
+
+@cache
+def source(name: str) -> str:
+    """The full text of script ``name`` with its includes pasted in."""
+    lua = resources.files("belayq") / "lua"
+    text = (lua / f"{name}.lua").read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda m: (lua / "lib" / f"{m.group(1)}.lua").read_text("utf-8"), text)
+
+
+@cache
+def sha(name: str) -> str:
+    """SHA1 of script ``name`` as Redis computes it for EVALSHA."""
+    return hashlib.sha1(source(name).encode("utf-8")).hexdigest()
+
+
+class ScriptRunner:
+    """Runs belayq's scripts for one queue on one client.
+
+    Args:
+        client: A ``redis.Redis``, ``redis.cluster.RedisCluster`` or fakeredis client.
+        keys: The queue's keys.
+        config: The queue's configuration.
+    """
+
+    def __init__(self, client: Any, keys: QueueKeys, config: QueueConfig) -> None:
+        self.client = client
+        self.keys_vector: list[str] = [
+            keys.processing,
+            keys.leases,
+            keys.delayed,
+            keys.dead,
+            keys.stats,
+            keys.sweep_guard,
+            *keys.levels,
+        ]
+        self.config = config
+        self.skew_ms = 0  # tests move the queue's clock with this; always 0 in production
+
+    def common_args(self) -> list[Arg]:
+        c = self.config
+        return [self.skew_ms, "1" if c.payload_in_list else "0", c.max_deliveries, c.dead_letter_max]
+
+    def load_all(self) -> None:
+        """Load every script into the server's cache (on every primary of a cluster)."""
+        for name in SCRIPT_NAMES:
+            self.client.script_load(source(name))
+
+    def run(self, name: str, *args: Arg) -> Any:
+        """Run script ``name`` with the queue's keys; reload it once on NOSCRIPT."""
+        argv = [*self.common_args(), *args]
+        n = len(self.keys_vector)
+        try:
+            return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
+        except NoScriptError:
+            self.client.script_load(source(name))
+            return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
+
+    def run_many(self, name: str, calls: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Run script ``name`` once per argument list in one pipeline (no transaction).
+
+        Commands that failed with NOSCRIPT are rerun after a reload; the others are not,
+        so no call runs twice.
+        """
+        if not calls:
+            return []
+        common = self.common_args()
+        n = len(self.keys_vector)
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        for _attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for i in pending:
+                pipe.evalsha(sha(name), n, *self.keys_vector, *common, *calls[i])
+            replies = pipe.execute(raise_on_error=False)
+            retry = []
+            for i, reply in zip(pending, replies):
+                if isinstance(reply, NoScriptError):
+                    retry.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = reply
+            if not retry:
+                return results
+            self.client.script_load(source(name))
+            pending = retry
+        raise redis.ResponseError(f"script {name} could not be loaded")
