@@ -205,26 +205,51 @@ class ReliableQueue:
         Returns:
             The deliveries, ``[]`` on timeout.
         """
-        if not isinstance(count, int) or count < 1:
-            raise ConfigError(f"count must be an int >= 1, got {count!r}")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        reply = self._scripts.run("claim", *self._claim_args(count))
-        while True:
-            got = self._take(reply[1:])
-            if got:
-                return got
+        got, due_ms = self.try_claim(count)
+        while not got:
             remaining = 3600.0 if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return []
             wait = min(remaining, self._block_cap_s)
-            if int(reply[0]) >= 0:
-                wait = min(wait, max(int(reply[0]), 1) / 1000)
-            entry = self.client.blmove(self.keys.ready, self.keys.processing, wait, "RIGHT", "LEFT")
+            if due_ms >= 0:
+                wait = min(wait, max(due_ms, 1) / 1000)
+            entry = self.client.execute_command(*self.blmove_command(wait))
             if entry is None:
-                reply = self._scripts.run("claim", *self._claim_args(count))
-                continue
-            reply = self._scripts.run("lease", *self._claim_args(count)[:3], entry)
-            reply = [reply[0], *reply[2:]]
+                got, due_ms = self.try_claim(count)
+            else:
+                got, due_ms = self.lease_claimed(entry, count)
+        return got
+
+    def try_claim(self, count: int = 1) -> tuple[list[Delivery], int]:
+        """Claim up to ``count`` waiting messages without blocking (one script).
+
+        Returns:
+            The deliveries and the ms until the next delayed message is due (-1: none).
+        """
+        _check_count(count)
+        reply = self._scripts.run("claim", *self._claim_args(count))
+        return self._take(reply[1:]), int(reply[0])
+
+    def blmove_command(self, timeout: float) -> tuple[str | float, ...]:
+        """The BLMOVE an event loop sends on its own connection when the queue is empty.
+
+        Whatever it returns must be passed to :meth:`lease_claimed`; until then the entry
+        sits in processing with no lease, and the sweep returns it if the caller dies.
+        """
+        return ("BLMOVE", self.keys.ready, self.keys.processing, "RIGHT", "LEFT", max(timeout, 0.001))
+
+    def lease_claimed(self, entry: bytes, count: int = 1) -> tuple[list[Delivery], int]:
+        """Register the lease of an entry a BLMOVE returned, and claim up to ``count - 1``
+        more waiting messages in the same script.
+
+        Returns:
+            As :meth:`try_claim`. The BLMOVE-d entry is missing from the deliveries when the
+            sweep took it back first (the claim was lost; another consumer will run it).
+        """
+        _check_count(count)
+        reply = self._scripts.run("lease", *self._claim_args(count)[:3], entry)
+        return self._take(reply[2:]), int(reply[0])
 
     def _take(self, flat: Sequence[Any]) -> list[Delivery]:
         got = [
@@ -269,6 +294,13 @@ class ReliableQueue:
         reply = self._scripts.run("ack", *self._pairs(deliveries))
         self._forget(deliveries)
         return [bool(int(x)) for x in reply]
+
+    def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
+        """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
+        trip of its own). The scripts must be loaded (they are, from construction on);
+        the reply, one 1/0 per claim, comes with the pipeline's results."""
+        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
+        self._forget(deliveries)
 
     @_redis_errors
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
@@ -391,6 +423,11 @@ class ReliableQueue:
 
     def __repr__(self) -> str:
         return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"
+
+
+def _check_count(count: int) -> None:
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise ConfigError(f"count must be an int >= 1, got {count!r}")
 
 
 def _text(value: Any) -> str:

@@ -95,6 +95,11 @@ class ScriptRunner:
             self.client.script_load(source(name))
             return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
 
+    def queue_on(self, pipeline: Any, name: str, *args: Arg) -> None:
+        """Queue script ``name`` on the caller's pipeline (EVALSHA; no SCRIPT EXISTS)."""
+        n = len(self.keys_vector)
+        pipeline.evalsha(sha(name), n, *self.keys_vector, *self.common_args(), *args)
+
     def run_many(self, name: str, calls: Sequence[Sequence[Arg]]) -> list[Any]:
         """Run script ``name`` once per argument list in one pipeline (no transaction).
 
