@@ -1,0 +1,1 @@
+"""belayq as a kombu transport (work in progress)."""

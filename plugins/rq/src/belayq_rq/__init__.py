@@ -1,0 +1,1 @@
+"""belayq under RQ (work in progress)."""
