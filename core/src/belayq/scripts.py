@@ -98,7 +98,9 @@ class ScriptRunner:
     def queue_on(self, pipeline: Any, name: str, *args: Arg) -> None:
         """Queue script ``name`` on the caller's pipeline (EVALSHA; no SCRIPT EXISTS)."""
         n = len(self.keys_vector)
-        pipeline.evalsha(sha(name), n, *self.keys_vector, *self.common_args(), *args)
+        pipeline.execute_command(
+            "EVALSHA", sha(name), n, *self.keys_vector, *self.common_args(), *args
+        )
 
     def run_many(self, name: str, calls: Sequence[Sequence[Arg]]) -> list[Any]:
         """Run script ``name`` once per argument list in one pipeline (no transaction).
@@ -115,7 +117,9 @@ class ScriptRunner:
         for _attempt in range(2):
             pipe = self.client.pipeline(transaction=False)
             for i in pending:
-                pipe.evalsha(sha(name), n, *self.keys_vector, *common, *calls[i])
+                # execute_command: redis-py's ClusterPipeline blocks the evalsha method
+                # but routes a raw EVALSHA by its keys.
+                pipe.execute_command("EVALSHA", sha(name), n, *self.keys_vector, *common, *calls[i])
             replies = pipe.execute(raise_on_error=False)
             retry = []
             for i, reply in zip(pending, replies):

@@ -1,0 +1,1 @@
+"""Benchmarks of the belayq core against the raw redis-py floor (run with ``python -m``)."""
