@@ -342,7 +342,7 @@ def _floor_run(q: ReliableQueue, n_claims: int, bulk_every: int, initial_bulk: i
         q.publish(b"bulk:0", priority=BULK)
         waiting.append(0)
     bulk_served: list[tuple[int, int]] = []  # (claim index, age in claims)
-    oldest_age: list[int] = []  # sampled every 50 claims
+    oldest_age: list[int] = []  # after every claim
     level0 = q.keys.levels[0]
     with _TopUp(q) as producer:
         for i in range(1, n_claims + 1):
@@ -357,8 +357,7 @@ def _floor_run(q: ReliableQueue, n_claims: int, bulk_every: int, initial_bulk: i
             else:
                 assert d.payload == b"urgent"
             assert q.ack(d)
-            if i % 50 == 0:
-                oldest_age.append(i - waiting[0] if waiting else 0)
+            oldest_age.append(i - waiting[0] if waiting else 0)
         level0_left = q.client.llen(level0)
     # The same age on the server's clock, for the log only (never asserted).
     wall_age = None
