@@ -27,8 +27,11 @@ def consumer(url: str, name: str) -> None:
     """The doomed consumer: claims one message, reports it, then works 'forever'."""
     q = ReliableQueue(redis.Redis.from_url(url), name, lease_ms=LEASE_MS)
     [d] = q.claim(timeout=5)
-    print(f"  [pid {os.getpid()}] claimed {d.payload.decode()} (delivery #{d.deliveries}),"
-          " working...", flush=True)
+    print(
+        f"  [pid {os.getpid()}] claimed {d.payload.decode()} (delivery #{d.deliveries}),"
+        " working...",
+        flush=True,
+    )
     time.sleep(3600)
 
 
@@ -54,21 +57,27 @@ def main() -> int:
         child.send_signal(signal.SIGKILL)
         child.wait()
         killed_at = time.monotonic()
-        print(f"  kill -9 {child.pid}: its message is in flight, leased for {LEASE_MS} ms; "
-              f"stats: {q.stats()['in_flight']} in flight, {q.stats()['ready']} ready")
+        print(
+            f"  kill -9 {child.pid}: its message is in flight, leased for {LEASE_MS} ms; "
+            f"stats: {q.stats()['in_flight']} in flight, {q.stats()['ready']} ready"
+        )
 
         done: dict[str, int] = {}
         while len(done) < len(ids):
             for d in q.claim(timeout=10, count=5):
                 if d.deliveries > 1:
-                    print(f"  {d.payload.decode()} came back {time.monotonic() - killed_at:.2f} s"
-                          f" after the kill (delivery #{d.deliveries})")
+                    print(
+                        f"  {d.payload.decode()} came back {time.monotonic() - killed_at:.2f} s"
+                        f" after the kill (delivery #{d.deliveries})"
+                    )
                 assert q.ack(d), "ack refused"
                 done[d.id] = d.deliveries
         q.close()
         s = q.stats()
-        print(f"processed {len(done)}/{len(ids)}: acked={s['acked']} reclaimed={s['reclaimed']}"
-              f" ready={s['ready']} in_flight={s['in_flight']} lost=0")
+        print(
+            f"processed {len(done)}/{len(ids)}: acked={s['acked']} reclaimed={s['reclaimed']}"
+            f" ready={s['ready']} in_flight={s['in_flight']} lost=0"
+        )
         ok = sorted(done) == sorted(ids) and s["ready"] == 0 and s["in_flight"] == 0
         print("OK: nothing lost" if ok else "FAILED")
         return 0 if ok else 1

@@ -130,7 +130,7 @@ class TestClaim:
         q.publish(b"a", delay_ms=800)
         got, due = q.try_claim()
         assert got == [] and 0 < due <= 800
-        assert q.try_claim() [1] <= 800
+        assert q.try_claim()[1] <= 800
         q.purge()
         assert q.try_claim()[1] == -1
 

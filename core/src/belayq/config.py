@@ -72,7 +72,9 @@ class QueueConfig:
             raise ConfigError(f"priority_steps must be strictly increasing, got {steps!r}")
         object.__setattr__(self, "priority_steps", steps)
         if not 0.0 <= self.starvation_floor <= 0.5:
-            raise ConfigError(f"starvation_floor must be within 0..0.5, got {self.starvation_floor}")
+            raise ConfigError(
+                f"starvation_floor must be within 0..0.5, got {self.starvation_floor}"
+            )
         if not self.prefix or any(c in self.prefix for c in "{}"):
             raise ConfigError(f"prefix must be non-empty and hold no braces, got {self.prefix!r}")
 

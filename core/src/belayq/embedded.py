@@ -99,9 +99,20 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start the server and wait until it answers PING (10 s at most)."""
         cmd = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--save", "", "--appendonly", "no", "--dir", str(self.dir),
-            "--logfile", str(self.dir / "redis.log"), *self.args,
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.dir),
+            "--logfile",
+            str(self.dir / "redis.log"),
+            *self.args,
         ]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         atexit.register(self.stop)
@@ -146,8 +157,18 @@ class RedisClusterServers:
     def __init__(self, binary: str | None = None, masters: int = 3) -> None:
         self.binary = binary or redis_server_binary()
         self.nodes = [
-            RedisServer(self.binary, port=free_port(cluster=True), args=["--cluster-enabled", "yes", "--cluster-config-file",
-                                           "nodes.conf", "--cluster-node-timeout", "5000"])
+            RedisServer(
+                self.binary,
+                port=free_port(cluster=True),
+                args=[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "5000",
+                ],
+            )
             for _ in range(masters)
         ]
 
@@ -165,13 +186,15 @@ class RedisClusterServers:
         per = 16384 // len(self.nodes)
         for i, c in enumerate(clients):
             hi = 16383 if i == len(clients) - 1 else (i + 1) * per - 1
-            c.execute_command("CLUSTER ADDSLOTSRANGE", i * per, hi) if _has_addslotsrange(c) \
-                else c.execute_command("CLUSTER ADDSLOTS", *range(i * per, hi + 1))
+            if _has_addslotsrange(c):
+                c.execute_command("CLUSTER ADDSLOTSRANGE", i * per, hi)  # type: ignore[no-untyped-call]
+            else:
+                c.execute_command("CLUSTER ADDSLOTS", *range(i * per, hi + 1))  # type: ignore[no-untyped-call]
         for c in clients[1:]:
-            c.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)
+            c.execute_command("CLUSTER MEET", "127.0.0.1", self.nodes[0].port)  # type: ignore[no-untyped-call]
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            infos = [c.execute_command("CLUSTER INFO") for c in clients]
+            infos = [c.execute_command("CLUSTER INFO") for c in clients]  # type: ignore[no-untyped-call]
             if all(_cluster_ok(i) for i in infos):
                 for c in clients:
                     c.close()

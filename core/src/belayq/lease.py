@@ -71,7 +71,10 @@ class LeaseKeeper:
                     try:
                         q.heartbeat()
                     except Exception:  # a Redis blip must not kill the keeper
-                        log.warning("lease heartbeat failed; retrying", exc_info=log.isEnabledFor(logging.DEBUG))
+                        log.warning(
+                            "lease heartbeat failed; retrying",
+                            exc_info=log.isEnabledFor(logging.DEBUG),
+                        )
                     due = time.monotonic() + q.heartbeat_ms / 1000
                     with self._lock:
                         if q in self._queues:

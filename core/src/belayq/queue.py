@@ -175,7 +175,9 @@ class ReliableQueue:
         Returns:
             The message id.
         """
-        reply = self._scripts.run("publish", *self._publish_args(payload, priority, delay_ms, dedup_id))
+        reply = self._scripts.run(
+            "publish", *self._publish_args(payload, priority, delay_ms, dedup_id)
+        )
         return _text(reply[0])
 
     @_redis_errors
@@ -237,7 +239,14 @@ class ReliableQueue:
         Whatever it returns must be passed to :meth:`lease_claimed`; until then the entry
         sits in processing with no lease, and the sweep returns it if the caller dies.
         """
-        return ("BLMOVE", self.keys.ready, self.keys.processing, "RIGHT", "LEFT", max(timeout, 0.001))
+        return (
+            "BLMOVE",
+            self.keys.ready,
+            self.keys.processing,
+            "RIGHT",
+            "LEFT",
+            max(timeout, 0.001),
+        )
 
     def lease_claimed(self, entry: bytes, count: int = 1) -> tuple[list[Delivery], int]:
         """Register the lease of an entry a BLMOVE returned, and claim up to ``count - 1``
@@ -273,7 +282,9 @@ class ReliableQueue:
     def _forget(self, deliveries: Iterable[Delivery]) -> None:
         with self._lock:
             for d in deliveries:
-                if self._held.get(d.id) is d or (d.id in self._held and self._held[d.id].token == d.token):
+                if self._held.get(d.id) is d or (
+                    d.id in self._held and self._held[d.id].token == d.token
+                ):
                     del self._held[d.id]
 
     @staticmethod
@@ -375,9 +386,11 @@ class ReliableQueue:
         """Extend every held lease and run the guarded sweep (the keeper calls this)."""
         held = self.held
         if held:
-            for d, ok in zip(held, self.extend(held)):
+            for d, ok in zip(held, self.extend(held), strict=True):
                 if not ok:
-                    log.warning("lease of %s on %s was lost; it will be redelivered", d.id, self.name)
+                    log.warning(
+                        "lease of %s on %s was lost; it will be redelivered", d.id, self.name
+                    )
                     self._forget([d])
         self.sweep(guarded=True)
 
@@ -393,7 +406,8 @@ class ReliableQueue:
     def stats(self) -> dict[str, int]:
         """Sizes (ready, in_flight, leased, delayed, dead) and every counter."""
         r = self._scripts.run("stats")
-        out = dict(zip(("ready", "in_flight", "leased", "delayed", "dead"), map(int, r[:5])))
+        names = ("ready", "in_flight", "leased", "delayed", "dead")
+        out = dict(zip(names, map(int, r[:5]), strict=True))
         for i in range(5, len(r), 2):
             out[_text(r[i])] = int(r[i + 1])
         return out
@@ -406,7 +420,7 @@ class ReliableQueue:
         for i in ids:
             pipe.hmget(self.keys.message(i), "p", "e", "n", "d")
         out = []
-        for i, (p, e, n, d) in zip(ids, pipe.execute()):
+        for i, (p, e, n, d) in zip(ids, pipe.execute(), strict=True):
             out.append(DeadLetter(i, p, _text(e or b""), int(n or 0), int(d or 0)))
         return out
 

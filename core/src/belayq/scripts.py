@@ -78,7 +78,12 @@ class ScriptRunner:
 
     def common_args(self) -> list[Arg]:
         c = self.config
-        return [self.skew_ms, "1" if c.payload_in_list else "0", c.max_deliveries, c.dead_letter_max]
+        return [
+            self.skew_ms,
+            "1" if c.payload_in_list else "0",
+            c.max_deliveries,
+            c.dead_letter_max,
+        ]
 
     def load_all(self) -> None:
         """Load every script into the server's cache (on every primary of a cluster)."""
@@ -122,7 +127,7 @@ class ScriptRunner:
                 pipe.execute_command("EVALSHA", sha(name), n, *self.keys_vector, *common, *calls[i])
             replies = pipe.execute(raise_on_error=False)
             retry = []
-            for i, reply in zip(pending, replies):
+            for i, reply in zip(pending, replies, strict=True):
                 if isinstance(reply, NoScriptError):
                     retry.append(i)
                 elif isinstance(reply, Exception):
