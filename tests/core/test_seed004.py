@@ -12,6 +12,7 @@ Timings are printed, never asserted: other suites share this 2-core machine.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -170,8 +171,7 @@ def _run_consumers(
     batch: int = 250,
     deadline_s: float = 150.0,
 ) -> dict[str, Any]:
-    """Publish ``n_msgs`` (in pipelined batches, while the consumers already wait) and
-    consume them with ``n_consumers`` threads, each with its own client and queue object.
+    """Publish ``n_msgs`` (in pipelined batches) and consume them with ``n_consumers`` threads, each with its own client and queue object.
     Every fifth consumer claims up to 10 at a time, the others one."""
     lease_ms = 120_000  # no lease may expire during the run: a redelivery is not a bug here
     prod_client = new_client()
@@ -211,15 +211,21 @@ def _run_consumers(
             client.close()
 
     threads = [threading.Thread(target=consume, args=(k,), daemon=True) for k in range(n_consumers)]
+    published: list[str] = []
+
+    def publish_range(lo: int, hi: int) -> None:
+        for start in range(lo, hi, batch):
+            payloads = [f"m-{i}" for i in range(start, min(hi, start + batch))]
+            published.extend(producer.publish_many(payloads))
+
+    # Half is a backlog before anyone claims (the in-script LMOVE path, batches of 10), half
+    # arrives while consumers wait (the BLMOVE + lease.lua path).
+    publish_range(0, n_msgs // 2)
     t0 = time.monotonic()
     for t in threads:
         t.start()
     ready.wait(60)
-    published: list[str] = []
-    for start in range(0, n_msgs, batch):
-        published += producer.publish_many(
-            [f"m-{i}" for i in range(start, min(n_msgs, start + batch))]
-        )
+    publish_range(n_msgs // 2, n_msgs)
     t_published = time.monotonic() - t0
     stop.wait(deadline_s)
     stop.set()
@@ -251,7 +257,7 @@ def _check_exactly_once(out: dict[str, Any], n_msgs: int, label: str) -> None:
     busy = sum(1 for per in out["seen"] if per)
     s = out["stats"]
     print(f"\n[{label}] {n_msgs} msgs, {len(out['seen'])} consumers ({busy} got work): "
-          f"published in {out['t_published']:.1f} s, all done in {out['elapsed']:.1f} s "
+          f"second half published after {out['t_published']:.1f} s, all done in {out['elapsed']:.1f} s "
           f"({n_msgs / out['elapsed']:.0f} msg/s); stats={s}")
     assert not dupes, f"{len(dupes)} processed twice, e.g. {dupes[:5]}"
     assert not missing, f"{len(missing)} never processed, e.g. {sorted(missing)[:5]}"
@@ -448,3 +454,29 @@ def test_verification_4_without_the_floor_bulk_starves(r, make_queue):
         assert got and q.ack_many(got)
     assert drained == out["level0_left"]
     assert first_bulk.payload == b"bulk:0"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="core bug: heartbeat() extends a snapshot of held claims; a claim acked in between "
+    "is refused, counted in stats.stale_acks and logged as a lost lease",
+)
+def test_heartbeat_racing_an_ack_is_not_a_stale_ack(r, make_queue, caplog):
+    """Found by the 50x10k run (stale_acks 2..6 per run although every ack succeeded).
+    Deterministic form: the consumer acks between the keeper's snapshot and its extend."""
+    q = make_queue(r)
+    q.publish(b"x")
+    [d] = q.claim(timeout=0)
+    real_extend = q.extend
+
+    def extend_after_the_ack(deliveries: Any) -> list[bool]:
+        assert q.ack(d)  # the consumer thread wins the race
+        return real_extend(deliveries)
+
+    q.extend = extend_after_the_ack  # type: ignore[method-assign]
+    with caplog.at_level(logging.WARNING, logger="belayq"):
+        q.heartbeat()
+    s = q.stats()
+    assert s["acked"] == 1
+    assert "was lost" not in caplog.text, caplog.text
+    assert s.get("stale_acks", 0) == 0, s
