@@ -44,6 +44,9 @@ class LeaseKeeper:
         self.ticks = 0
 
     def register(self, queue: KeptQueue) -> None:
+        """Keep ``queue``'s leases from now on (cheap when it is already kept)."""
+        if queue in self._queues and self._thread is not None and self._thread.is_alive():
+            return
         with self._lock:
             self._queues.add(queue)
             self._due.setdefault(queue, time.monotonic() + queue.heartbeat_ms / 1000)

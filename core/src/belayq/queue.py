@@ -230,6 +230,7 @@ class ReliableQueue:
             The deliveries and the ms until the next delayed message is due (-1: none).
         """
         _check_count(count)
+        self._keep()
         reply = self._scripts.run("claim", *self._claim_args(count))
         return self._take(reply[1:]), int(reply[0])
 
@@ -257,8 +258,15 @@ class ReliableQueue:
             sweep took it back first (the claim was lost; another consumer will run it).
         """
         _check_count(count)
+        self._keep()
         reply = self._scripts.run("lease", *self._claim_args(count)[:3], entry)
         return self._take(reply[2:]), int(reply[0])
+
+    def _keep(self) -> None:
+        # A consumer sweeps from its first claim on, so lease-less claims of a consumer
+        # that died after BLMOVE are adopted even before this one holds anything.
+        if self._use_keeper:
+            KEEPER.register(self)
 
     def _take(self, flat: Sequence[Any]) -> list[Delivery]:
         got = [
@@ -275,8 +283,6 @@ class ReliableQueue:
             with self._lock:
                 for d in got:
                     self._held[d.id] = d
-            if self._use_keeper:
-                KEEPER.register(self)
         return got
 
     def _forget(self, deliveries: Iterable[Delivery]) -> None:

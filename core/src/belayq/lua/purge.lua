@@ -10,7 +10,7 @@ for _, list in ipairs(levels) do
   for _, entry in ipairs(redis.call('LRANGE', list, 0, -1)) do
     if entry ~= BELL then
       purged = purged + 1
-      if not inline then redis.call('DEL', mkey(entry)) end
+      redis.call('DEL', mkey(id_of(entry)))
     end
   end
   redis.call('DEL', list)
