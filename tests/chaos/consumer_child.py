@@ -13,6 +13,10 @@ Scenarios (the sequence of calls is fixed, given the queue state the test prepar
             ack them in one call, sweep.
 ``blmove``  the queue is empty: claim blocks in BLMOVE (the test publishes one message once
             it sees the block), lease.lua registers it, extend, nack, claim it again, ack.
+``stall``   the queue is empty: claim (timeout 5 s) blocks in BLMOVE, and whatever it gets
+            is acked; with ``--stop`` the child stops itself (SIGSTOP) right after call K
+            instead of dying, so the test can let the sweep act in the BLMOVE -> lease gap
+            and then resume it (SIGCONT).
 ``hold``    claim one message with the lease keeper running, print ``HOLDING <id> <n>`` and
             keep it (the keeper extends the lease) until killed from outside.
 
@@ -46,9 +50,10 @@ _SCRIPT_BY_SHA = {sha(name): name for name in SCRIPT_NAMES}
 class Killer:
     """Counts the main thread's Redis calls and kills the process at call ``kill_at``."""
 
-    def __init__(self, kill_at: int, when: str, log_path: str) -> None:
+    def __init__(self, kill_at: int, when: str, log_path: str, stop: bool = False) -> None:
         self.kill_at = kill_at
         self.when = when
+        self.stop = stop  # SIGSTOP instead of SIGKILL: stall until the test sends SIGCONT
         self.calls = 0
         self.armed = False
         self.fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -72,8 +77,13 @@ class Killer:
             raise
         self.log({"phase": "done", "k": k, "reply": _plain(reply), **describe})
         if k == self.kill_at and self.when == "after":
-            self.log({"phase": "kill", "k": k, "when": "after", "t": time.time(), **describe})
-            os.kill(os.getpid(), signal.SIGKILL)
+            if self.stop:
+                self.log({"phase": "stop", "k": k, "t": time.time(), **describe})
+                os.kill(os.getpid(), signal.SIGSTOP)
+                self.log({"phase": "cont", "k": k, "t": time.time()})
+            else:
+                self.log({"phase": "kill", "k": k, "when": "after", "t": time.time(), **describe})
+                os.kill(os.getpid(), signal.SIGKILL)
         return reply
 
     def install(self) -> None:
@@ -124,16 +134,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--queue", required=True)
-    ap.add_argument("--scenario", choices=("script", "blmove", "hold"), required=True)
+    ap.add_argument("--scenario", choices=("script", "blmove", "stall", "hold"), required=True)
     ap.add_argument("--kill-at", type=int, default=0)
     ap.add_argument("--when", choices=("before", "after"), default="before")
     ap.add_argument("--lease-ms", type=int, default=600)
     ap.add_argument("--sweep-ms", type=int, default=100)
     ap.add_argument("--client-name", default="belayq-chaos-child")
     ap.add_argument("--log", required=True)
+    ap.add_argument("--stop", action="store_true", help="SIGSTOP (after K) instead of SIGKILL")
     a = ap.parse_args()
 
-    killer = Killer(a.kill_at, a.when, a.log)
+    killer = Killer(a.kill_at, a.when, a.log, stop=a.stop)
     killer.install()
     client = redis.Redis(port=a.port, client_name=a.client_name)
     opts = {"lease_ms": a.lease_ms, "sweep_interval_ms": a.sweep_ms}
@@ -161,6 +172,9 @@ def main() -> int:
         assert len(rest) == 3
         assert all(q.ack_many(rest))
         q.sweep()
+    elif a.scenario == "stall":
+        for d in q.claim(timeout=5):
+            assert q.ack(d)
     else:  # blmove
         [d] = q.claim(timeout=15)
         assert all(q.extend([d]))

@@ -43,12 +43,13 @@ def spawn_child(
     lease_ms: int,
     sweep_ms: int,
     client_name: str,
+    stop: bool = False,
 ) -> subprocess.Popen[str]:
     cmd = [
         sys.executable, str(CHILD), "--port", str(port), "--queue", queue,
         "--scenario", scenario, "--kill-at", str(kill_at), "--when", when,
         "--lease-ms", str(lease_ms), "--sweep-ms", str(sweep_ms),
-        "--client-name", client_name, "--log", str(log),
+        "--client-name", client_name, "--log", str(log), *(["--stop"] if stop else []),
     ]  # fmt: skip
     return subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()

@@ -123,7 +123,9 @@ def test_floor_every(r):
 # -- the level survives every way back to ready --------------------------------------------
 
 
-def test_delayed_messages_keep_their_priority_when_promoted(any_client, make_queue, payload_in_list):
+def test_delayed_messages_keep_their_priority_when_promoted(
+    any_client, make_queue, payload_in_list
+):
     q = make_queue(any_client, priority_steps=STEPS3, payload_in_list=payload_in_list)
     d2 = q.publish(b"delayed-p2", priority=2, delay_ms=60_000)
     d0 = q.publish(b"delayed-p0", priority=0, delay_ms=60_000)
@@ -143,7 +145,7 @@ def test_delayed_messages_keep_their_priority_when_promoted(any_client, make_que
     # Promoted to the back of its own level: p0 first, then p1, then the p2 published
     # before it was due, then it.
     assert [d.id for d in got] == [d0, b1, e2, d2]
-    assert [d.payload for d in got][0] == b"delayed-p0"
+    assert got[0].payload == b"delayed-p0"
     s = q.stats()
     assert (s["ready"], s["delayed"], s["in_flight"]) == (0, 0, 0)
 
@@ -153,8 +155,10 @@ def test_delayed_low_priority_message_reaches_a_waiting_claimer(any_client, make
     msg = q.publish(b"later", priority=2, delay_ms=300)
     t0 = time.monotonic()
     got = q.claim(timeout=5)
-    print(f"\nclaim returned the delayed p2 message after {time.monotonic() - t0:.2f} s "
-          "(due after 0.3 s)")
+    print(
+        f"\nclaim returned the delayed p2 message after {time.monotonic() - t0:.2f} s "
+        "(due after 0.3 s)"
+    )
     assert [d.id for d in got] == [msg]
     assert q.ack(got[0])
 
@@ -193,8 +197,9 @@ def test_nack_with_delay_comes_back_to_its_own_level(any_client, make_queue, pay
 def test_release_and_expired_leases_go_to_the_front_of_their_own_level(
     any_client, make_queue, payload_in_list
 ):
-    q = make_queue(any_client, priority_steps=STEPS3, payload_in_list=payload_in_list,
-                   lease_ms=1_000)
+    q = make_queue(
+        any_client, priority_steps=STEPS3, payload_in_list=payload_in_list, lease_ms=1_000
+    )
     ids = {p: q.publish(p, priority=int(p[1:2])) for p in (b"p2-a", b"p2-b", b"p1-a", b"p1-b")}
     held = q.claim(timeout=0, count=3)  # p1-a, p1-b, p2-a
     assert [d.id for d in held] == [ids[b"p1-a"], ids[b"p1-b"], ids[b"p2-a"]]
