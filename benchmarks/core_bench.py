@@ -99,8 +99,12 @@ class CountingConnection(redis.Connection):
 
 
 def make_client(port: int) -> redis.Redis:
+    # socket_timeout=5 is what redis.Redis(host, port) puts in the pool's kwargs itself; a
+    # bare ConnectionPool leaves it out (the connection still times out reads at 5 s) and
+    # belayq would then block in BLMOVE for as long as the read timeout (see the report).
     pool = redis.ConnectionPool(
-        connection_class=CountingConnection, host="127.0.0.1", port=port
+        connection_class=CountingConnection, host="127.0.0.1", port=port,
+        socket_timeout=5, socket_connect_timeout=5,
     )
     return redis.Redis(connection_pool=pool)
 
@@ -451,6 +455,7 @@ class Recovery:
     window_s: float
     deliveries: int | None
     stranded_in_processing: int | None
+    error: str | None = None
 
 
 def crash_belayq(r: redis.Redis, port: int, lease_ms: int, consumer: str, poll_s: float,
@@ -478,16 +483,25 @@ def crash_belayq(r: redis.Redis, port: int, lease_ms: int, consumer: str, poll_s
         hold_s = lease_ms / 1000 + 0.5
         got: list[Any] = []
         early = False
+        errors: list[str] = []
         if consumer == "poll":
             while not got and time.monotonic() < t_claim + hold_s:
                 got = observer.claim(timeout=min(poll_s, t_claim + hold_s - time.monotonic()))
             early = bool(got)
         else:
             box: list[list[Any]] = []
-            th = threading.Thread(target=lambda: box.append(observer.claim(timeout=window_s + hold_s)))
+
+            def wait_blocked() -> None:
+                try:
+                    box.append(observer.claim(timeout=window_s + hold_s))
+                except Exception as exc:  # reported, not raised in a thread
+                    errors.append(f"{type(exc).__name__}: {exc}")
+                    box.append([])
+
+            th = threading.Thread(target=wait_blocked)
             th.start()
             time.sleep(max(0.0, t_claim + hold_s - time.monotonic()))
-            early = bool(box)
+            early = bool(box and box[0])
         deadline = r.zscore(observer.keys.leases, msg_id)
         left = None if deadline is None else deadline - _server_ms(r)
         t_kill = _kill(child)
@@ -522,6 +536,7 @@ def crash_belayq(r: redis.Redis, port: int, lease_ms: int, consumer: str, poll_s
             window_s=window_s,
             deliveries=delivered,
             stranded_in_processing=stranded,
+            error="; ".join(errors) or None,
         )
     finally:
         if child.poll() is None:

@@ -16,6 +16,7 @@ each of those calls, which includes right after BLMOVE returned (the gap before 
 
 from __future__ import annotations
 
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -210,3 +211,71 @@ def test_bug1_fresh_idle_worker_adopts_lease_less_entry(redis_server, make_queue
         got = fresh.claim(timeout=0.5)
     assert got, f"lease-less entry stranded in processing; stats {fresh.stats()}"
     assert got[0].id == mid and got[0].deliveries == 1
+
+
+def _wait_stopped(pid: int, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state == "T":
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"child {pid} did not stop within {timeout} s")
+
+
+@pytest.mark.parametrize("resume", ["in_time", "too_late_held", "too_late_acked"])
+def test_claimer_stalled_between_blmove_and_lease(redis_server, tmp_path, resume):
+    """The BLMOVE -> lease.lua gap with a claimer that stalls (SIGSTOP) instead of dying.
+    The sweep gives the lease-less entry a provisional lease. Resumed in time, the claimer's
+    lease.lua takes it over (deliveries 1, no copy); resumed after the provisional lease
+    expired, the entry went back to ready and another worker got it, and the late claimer
+    is told it lost the claim: it must not get (or run) the message."""
+    lease_ms, sweep_ms = 1500, 100
+    port = redis_server.port
+    admin = redis.Redis(port=port)
+    queue = new_name("stall")
+    name = new_name("staller")
+    q = ReliableQueue(admin, queue, keeper=False, lease_ms=lease_ms, sweep_interval_ms=sweep_ms)
+    log = tmp_path / "stall.jsonl"
+    proc = spawn_child(port, queue, "stall", log, kill_at=2, when="after", lease_ms=lease_ms,
+                       sweep_ms=sweep_ms, client_name=name, stop=True)  # fmt: skip
+    try:
+        assert _wait_blocked(admin, name, proc)
+        mid = q.publish(b"stalled")
+        _wait_stopped(proc.pid)  # right after BLMOVE returned, before lease.lua
+        assert admin.lpos(q.keys.processing, mid) is not None
+        assert admin.zscore(q.keys.leases, mid) is None
+        assert q.sweep().orphans_found == 1  # provisional lease (token '0')
+        other = None
+        if resume != "in_time":
+            other = ReliableQueue(redis.Redis(port=port), queue, keeper=False,
+                                  lease_ms=lease_ms, sweep_interval_ms=sweep_ms)  # fmt: skip
+            [d] = other.claim(timeout=lease_ms / 1000 + SLACK_S)  # claim.lua sweeps it back
+            assert (d.id, d.deliveries) == (mid, 1)
+            if resume == "too_late_acked":
+                assert other.ack(d)
+        proc.send_signal(signal.SIGCONT)
+        child = wait_child(proc, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert child.returncode == 0, child.stderr
+    lease_reply = next(r["reply"] for r in child.records if r.get("script") == "lease")
+    st = q.stats()
+    print(f"\n[stall {resume}] lease.lua reply {lease_reply}; stats {st}")
+    if resume == "in_time":
+        assert lease_reply[1] == 0 and lease_reply[2] == mid and lease_reply[5] == 1
+        assert child.acked == {mid}
+        assert st.get("adopted", 0) == 0
+    else:
+        assert lease_reply[1] == 1 and len(lease_reply) == 2, "late claimer must lose the claim"
+        assert child.acked == set() and not child.held
+        assert st["adopted"] == 1
+        if resume == "too_late_held":
+            assert other is not None and other.ack(d)
+            st = q.stats()
+            other.client.close()
+    assert (st["ready"], st["in_flight"], st["leased"], st["delayed"], st["dead"]) == (0,) * 5
+    assert st["acked"] == 1 and st.get("stale_acks", 0) == 0
+    admin.close()

@@ -759,7 +759,7 @@ class QueueMachine(RuleBasedStateMachine):
         where: Counter[str] = Counter()
         for lst in (*levels, processing, dead):
             where.update(e for e in lst if e != BELL)
-        where.update(delayed)
+        where.update(list(delayed))
         assert all(BELL not in lst for lst in levels[1:])
         assert set(where) <= set(m.msgs), f"unknown entries: {set(where) - set(m.msgs)}"
         for msg in m.msgs.values():
