@@ -356,12 +356,20 @@ def run_memory(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, float
     for b in batches:
         q.publish_many(b)
     m1 = used_memory(r)
+    k = q.keys
+    one = r.lindex(k.ready, 0)
+    _need(one is not None, "memory: nothing queued")
+    out["bq_hash_queued"] = float(r.memory_usage(k.message(one.decode())) or 0)
+    out["bq_ready_list"] = float(r.memory_usage(k.ready, samples=0) or 0) / n
     claimed = 0
     while claimed < n:
         got, _ = q.try_claim(batch)
         _need(bool(got), "memory: claim got nothing")
         claimed += len(got)
     m2 = used_memory(r)
+    out["bq_hash_inflight"] = float(r.memory_usage(k.message(one.decode())) or 0)
+    out["bq_processing_list"] = float(r.memory_usage(k.processing, samples=0) or 0) / n
+    out["bq_leases_zset"] = float(r.memory_usage(k.leases, samples=0) or 0) / n
     out["bq_queued"] = (m1 - m0) / n
     out["bq_inflight"] = (m2 - m0) / n
     out["bq_inflight_extra"] = (m2 - m1) / n
@@ -374,6 +382,7 @@ def run_memory(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, float
             pipe.lpush("raw:q", p)
         pipe.execute()
     m1 = used_memory(r)
+    out["raw_list"] = float(r.memory_usage("raw:q", samples=0) or 0) / n
     moved = 0
     while moved < n:
         pipe = r.pipeline(transaction=False)
@@ -714,6 +723,17 @@ def report(res: dict[str, Any]) -> str:
         ratio = f"{med(bv) / med(rv):.2f}" if abs(med(rv)) > 5 else "-"
         rows.append([label, span(bv, ".0f"), span(rv, ".0f"), ratio])
     out.append(table(["state", "belayq id mode B/msg", "raw list B/msg", "belayq/raw"], rows))
+
+    def m(key: str) -> str:
+        return f"{med([x[key] for x in mem]):.0f}"
+
+    out.append(
+        f"MEMORY USAGE breakdown (B): one message hash {m('bq_hash_queued')} queued / "
+        f"{m('bq_hash_inflight')} claimed; per message: ready list {m('bq_ready_list')}, "
+        f"processing list {m('bq_processing_list')}, leases zset {m('bq_leases_zset')}; "
+        f"raw list {m('raw_list')}. used_memory also counts the keyspace dict "
+        "(a bucket table per key, grown in powers of 2), so the deltas exceed the sum."
+    )
 
     out.append("\n## Recovery after kill -9 of the consumer holding the message\n")
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}

@@ -201,7 +201,8 @@ end
 local function lease_entry(entry, lvl, now, lease_ms)
   local id = id_of(entry)
   local m = mkey(id)
-  local current = redis.call('HGET', m, 't')
+  local held = redis.call('HMGET', m, 't', 'p')
+  local current = held[1]
   if current and current ~= '0' then
     redis.call('LREM', processing, 1, entry)
     count('duplicates_dropped', 1)
@@ -211,8 +212,9 @@ local function lease_entry(entry, lvl, now, lease_ms)
   if inline then
     if redis.call('EXISTS', m) == 0 then redis.call('HSET', m, 'l', lvl) end
     redis.call('HSET', m, 'p', entry)
+    redis.call('PERSIST', m)
   else
-    payload = redis.call('HGET', m, 'p')
+    payload = held[2]
     if not payload then
       redis.call('LREM', processing, 1, entry)
       redis.call('ZREM', leases, id)
@@ -224,7 +226,6 @@ local function lease_entry(entry, lvl, now, lease_ms)
   local n = redis.call('HINCRBY', m, 'n', 1)
   local token = tostring(redis.call('HINCRBY', stats, 'seq', 1))
   redis.call('HSET', m, 't', token)
-  redis.call('PERSIST', m)
   redis.call('ZADD', leases, now + lease_ms, id)
   count('claimed', 1)
   return {id, payload, token, n}
@@ -233,7 +234,8 @@ end
 -- Which level the next claim takes from: the highest-priority non-empty one, except that
 -- every floor_every-th claim takes the lowest non-empty one (the starvation floor).
 local function pick_level(floor_every)
-  if floor_every > 0 and #levels > 1 then
+  if #levels == 1 then return 1 end  -- no bells without lower levels; LMOVE tells if empty
+  if floor_every > 0 then
     local k = redis.call('HINCRBY', stats, 'floor_seq', 1)
     if k % floor_every == 0 then
       for i = #levels, 2, -1 do
@@ -261,9 +263,10 @@ local function claim_ready(n, now, lease_ms, floor_every, out)
     local lvl = pick_level(floor_every)
     if not lvl then break end
     local entry = redis.call('LMOVE', levels[lvl], processing, 'RIGHT', 'LEFT')
+    if not entry then break end
     if entry == BELL then
       redis.call('LREM', processing, 1, BELL)
-    elseif entry then
+    else
       local d = lease_entry(entry, lvl, now, lease_ms)
       if d then
         for _, v in ipairs(d) do out[#out + 1] = v end
