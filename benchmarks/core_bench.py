@@ -187,6 +187,7 @@ def check_drained(q: ReliableQueue) -> None:
 
 # -- the throughput loops ----------------------------------------------------------------
 
+BLOCKED_START_S = 1.0
 RAW_CLAIM_LUA = (
     "local v = redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT') "
     "if v then redis.call('ZADD', KEYS[3], ARGV[1], v) end return v"
@@ -507,6 +508,9 @@ def crash_belayq(r: redis.Redis, port: int, lease_ms: int, consumer: str, poll_s
                     errors.append(f"{type(exc).__name__}: {exc}")
                     box.append([])
 
+            # Start blocking BLOCKED_START_S after the holder claimed, so the waiter's BLMOVE
+            # (capped at 0.8 x socket_timeout = 4 s) does not happen to end right at expiry.
+            time.sleep(max(0.0, t_claim + BLOCKED_START_S - time.monotonic()))
             th = threading.Thread(target=wait_blocked)
             th.start()
             time.sleep(max(0.0, t_claim + hold_s - time.monotonic()))
@@ -649,10 +653,12 @@ LOOP_LABELS = {
 
 def table(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |"
+
+    def fmt(cells: list[str]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
     sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
-    return "\n".join([line, sep, *body])
+    return "\n".join([fmt(header), sep, *(fmt(r) for r in rows)])
 
 
 def report(res: dict[str, Any]) -> str:
@@ -665,9 +671,10 @@ def report(res: dict[str, Any]) -> str:
         f"belayq core_bench: n={a['n']} reps={a['reps']} payload={a['payload_bytes']} B "
         f"batch={b} elapsed={res['elapsed_s']:.0f} s"
     )
+    hiredis_txt = f"yes {env['hiredis_version']}" if env["hiredis"] else "no"
     out.append(
         f"env: redis-server {env['redis_version']} (port {env['redis_port']}), "
-        f"redis-py {env['redis_py']}, hiredis {'yes ' + str(env['hiredis_version']) if env['hiredis'] else 'no'}, "
+        f"redis-py {env['redis_py']}, hiredis {hiredis_txt}, "
         f"RESP{env['resp_protocol']}, Python {env['python']}, belayq {env['belayq']}, "
         f"CPUs {env['cpu_count']} (usable {env['cpus_usable']}), "
         f"load avg start {env['loadavg_start'][0]:.2f} end {res['loadavg_end'][0]:.2f}"
@@ -711,7 +718,10 @@ def report(res: dict[str, Any]) -> str:
     )
 
     mem = res["memory"]
-    out.append(f"\n## Redis memory per message (used_memory delta / n, {a['payload_bytes']} B payload)\n")
+    out.append(
+        "\n## Redis memory per message "
+        f"(used_memory delta / n, {a['payload_bytes']} B payload)\n"
+    )
     rows = []
     for label, bq, raw in [
         ("queued (ready)", "bq_queued", "raw_queued"),
@@ -757,7 +767,9 @@ def report(res: dict[str, Any]) -> str:
             rec_txt = span(rec_s, ".2f") if rec_s else "never"
             if never and rec_s:
                 rec_txt += f"; {never} never"
-            lefts = [x["lease_left_at_kill_ms"] for x in recs if x["lease_left_at_kill_ms"] is not None]
+            lefts = [
+                x["lease_left_at_kill_ms"] for x in recs if x["lease_left_at_kill_ms"] is not None
+            ]
             left_txt = span(lefts, ".0f") if lefts else "-"
             early_txt = str(sum(x["redelivered_while_alive"] for x in recs))
             deliv_txt = ",".join(str(x["deliveries"]) for x in recs)
@@ -840,15 +852,14 @@ def main(argv: list[str] | None = None) -> int:
 
         recovery = []
         window = max(args.leases) / 1000 + 10
-        for rep in range(crash_reps):
-            for lease in args.leases:
-                progress(f"kill -9 rep {rep + 1}/{crash_reps}, lease_ms={lease}, polling consumer")
-                recovery.append(asdict(crash_belayq(r, server.port, lease, "poll", args.poll_s, window)))
+        runs = [(lease, "poll") for lease in args.leases]
         if not args.skip_blocked:
-            lease = min(args.leases)
-            for consumer in ("blocked", "blocked-warm"):
-                progress(f"kill -9, lease_ms={lease}, {consumer} consumer")
-                recovery.append(asdict(crash_belayq(r, server.port, lease, consumer, args.poll_s, window)))
+            runs += [(min(args.leases), "blocked"), (min(args.leases), "blocked-warm")]
+        for rep in range(crash_reps):
+            for lease, consumer in runs:
+                progress(f"kill -9 rep {rep + 1}/{crash_reps}, lease_ms={lease}, {consumer}")
+                rec = crash_belayq(r, server.port, lease, consumer, args.poll_s, window)
+                recovery.append(asdict(rec))
         progress(f"kill -9 of a raw BLMOVE consumer, watching {args.raw_window:.0f} s")
         recovery.append(asdict(crash_raw(r, server.port, args.poll_s, args.raw_window)))
         res["recovery"] = recovery

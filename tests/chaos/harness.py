@@ -18,7 +18,6 @@ from typing import Any
 import redis
 
 from belayq import ConnectionLost, ReliableQueue
-from belayq.lease import KEEPER
 
 CHILD = Path(__file__).with_name("consumer_child.py")
 # Generous slack on top of the contract's bound: a loaded 2-core machine, other test runs.
@@ -173,14 +172,10 @@ def survive(
     sweep_ms: int,
     deadline_s: float = 40.0,
 ) -> Survival:
-    """Run a fresh consumer (its lease keeper running, as a worker's would) until every
-    expected message is acked and nothing is left anywhere in the queue's keys."""
+    """Run a fresh consumer (plain claim/ack loop, its lease keeper on, as a worker's) until
+    every expected message is acked and nothing is left anywhere in the queue's keys."""
     client = redis.Redis(port=port)
     q = ReliableQueue(client, queue, keeper=True, lease_ms=lease_ms, sweep_interval_ms=sweep_ms)
-    # BUG-1 workaround (see test_kill.py): the keeper only starts sweeping a queue after
-    # its first successful claim, so a fresh idle worker never adopts lease-less entries.
-    # A worker's heartbeat thread should sweep from the start; emulate that here.
-    KEEPER.register(q)
     got: list[tuple[str, int, float]] = []
     acked: set[str] = set()
     start = time.monotonic()

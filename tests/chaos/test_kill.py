@@ -152,9 +152,6 @@ def test_seed_step3_kill9_worker_holding_a_job(redis_server, tmp_path):
     queue = new_name("seed3")
     # Another live worker: its lease keeper runs the guarded sweep every period.
     other = ReliableQueue(admin, queue, keeper=True, lease_ms=lease_ms, sweep_interval_ms=sweep_ms)
-    from belayq.lease import KEEPER
-
-    KEEPER.register(other)  # BUG-1 workaround: the keeper only starts after a first claim
     mid = other.publish(b"job")
     log = tmp_path / "hold.jsonl"
     proc = spawn_child(port, queue, "hold", log, lease_ms=lease_ms, sweep_ms=sweep_ms,
@@ -167,6 +164,8 @@ def test_seed_step3_kill9_worker_holding_a_job(redis_server, tmp_path):
         time.sleep(2.5 * lease_ms / 1000)
         st = other.stats()
         assert (st["ready"], st["leased"], st.get("reclaimed", 0)) == (0, 1, 0), st
+        # The other worker is idle (nothing to claim) but its keeper sweeps from now on.
+        assert other.claim(timeout=0) == []
         t_kill = sigkill(proc)
         proc.wait(10)
     finally:
@@ -191,14 +190,13 @@ def test_seed_step3_kill9_worker_holding_a_job(redis_server, tmp_path):
     admin.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-1: a fresh idle worker never adopts lease-less "
-                   "processing entries (keeper starts only after a first claim)")
-def test_bug1_fresh_idle_worker_adopts_lease_less_entry(redis_server, make_queue, r):
-    """BUG-1: a claimer killed right after BLMOVE leaves a lease-less entry in processing.
-    Only sweep.lua adopts such entries; claim.lua sweeps expired leases only, and a queue
-    registers with the lease keeper (whose heartbeat runs the guarded sweep) only after a
-    successful claim. So a fresh worker that only calls claim() -- the whole fleet after a
-    restart, say -- never gets the message back: it is stranded in processing."""
+def test_fresh_idle_worker_adopts_lease_less_entry(redis_server, make_queue, r):
+    """Regression (was BUG-1, fixed in b35fcfc): a claimer killed right after BLMOVE leaves
+    a lease-less entry in processing. Only sweep.lua adopts such entries (claim.lua sweeps
+    expired leases only), and the keeper used to start sweeping a queue only after a
+    successful claim, so a fresh worker that only calls claim() -- the whole fleet after a
+    restart, say -- never got the message back: stranded in processing. Now claim()
+    registers with the keeper on its first call."""
     lease_ms, sweep_ms = 300, 50
     dead = make_queue(r, lease_ms=lease_ms, sweep_interval_ms=sweep_ms)
     mid = dead.publish(b"x")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -10,7 +11,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -293,6 +294,23 @@ class ReliableQueue:
                 ):
                     del self._held[d.id]
 
+    @contextlib.contextmanager
+    def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:
+        # Forget before the script runs, so a heartbeat racing this settle does not try to
+        # extend what is being settled; hold them again if the settle never reached Redis.
+        self._forget(deliveries)
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                for d in deliveries:
+                    self._held.setdefault(d.id, d)
+            raise
+
+    def _still_held(self, delivery: Delivery) -> bool:
+        with self._lock:
+            return self._held.get(delivery.id) is delivery
+
     @staticmethod
     def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
         return [x for d in deliveries for x in (d.id, d.token)]
@@ -308,16 +326,16 @@ class ReliableQueue:
         """Ack many claims in one script; one bool per claim."""
         if not deliveries:
             return []
-        reply = self._scripts.run("ack", *self._pairs(deliveries))
-        self._forget(deliveries)
+        with self._settling(deliveries):
+            reply = self._scripts.run("ack", *self._pairs(deliveries))
         return [bool(int(x)) for x in reply]
 
     def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
         """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
         trip of its own). The scripts must be loaded (they are, from construction on);
         the reply, one 1/0 per claim, comes with the pipeline's results."""
-        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
         self._forget(deliveries)
+        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
 
     @_redis_errors
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
@@ -334,15 +352,15 @@ class ReliableQueue:
         """
         if delay_ms is None:
             delay_ms = self.backoff_ms(delivery.deliveries)
-        reply = self._scripts.run("nack", delivery.id, delivery.token, delay_ms, reason, "0")
-        self._forget([delivery])
+        with self._settling([delivery]):
+            reply = self._scripts.run("nack", delivery.id, delivery.token, delay_ms, reason, "0")
         return _text(reply)
 
     @_redis_errors
     def dead_letter(self, delivery: Delivery, reason: str) -> bool:
         """Dead-letter a claim now (a malformed or unknown message). False if stale."""
-        reply = self._scripts.run("nack", delivery.id, delivery.token, 0, reason, "1")
-        self._forget([delivery])
+        with self._settling([delivery]):
+            reply = self._scripts.run("nack", delivery.id, delivery.token, 0, reason, "1")
         return _text(reply) == "dead"
 
     def backoff_ms(self, deliveries: int) -> int:
@@ -355,7 +373,12 @@ class ReliableQueue:
         """Extend the leases of many claims to now + ``lease_ms``; one bool per claim."""
         if not deliveries:
             return []
-        reply = self._scripts.run("extend", self.config.lease_ms, *self._pairs(deliveries))
+        return self._extend(deliveries, count_stale=True)
+
+    def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+        reply = self._scripts.run(
+            "extend", self.config.lease_ms, "1" if count_stale else "0", *self._pairs(deliveries)
+        )
         return [bool(int(x)) for x in reply]
 
     @_redis_errors
@@ -363,8 +386,8 @@ class ReliableQueue:
         """Hand unstarted claims back to the front of the queue (uncounted deliveries)."""
         if not deliveries:
             return 0
-        released = int(self._scripts.run("release", *self._pairs(deliveries)))
-        self._forget(deliveries)
+        with self._settling(deliveries):
+            released = int(self._scripts.run("release", *self._pairs(deliveries)))
         return released
 
     # -- upkeep ----------------------------------------------------------------------
@@ -392,8 +415,9 @@ class ReliableQueue:
         """Extend every held lease and run the guarded sweep (the keeper calls this)."""
         held = self.held
         if held:
-            for d, ok in zip(held, self.extend(held), strict=True):
-                if not ok:
+            # A claim settled while this runs is refused here without counting as stale.
+            for d, ok in zip(held, self._extend(held, count_stale=False), strict=True):
+                if not ok and self._still_held(d):
                     log.warning(
                         "lease of %s on %s was lost; it will be redelivered", d.id, self.name
                     )

@@ -233,25 +233,24 @@ end
 
 -- Which level the next claim takes from: the highest-priority non-empty one, except that
 -- every floor_every-th claim takes the lowest non-empty one (the starvation floor).
+-- Bells met on the way are discarded. Returns nil, writing nothing, when all are empty.
 local function pick_level(floor_every)
   if #levels == 1 then return 1 end  -- no bells without lower levels; LMOVE tells if empty
-  if floor_every > 0 then
-    local k = redis.call('HINCRBY', stats, 'floor_seq', 1)
-    if k % floor_every == 0 then
-      for i = #levels, 2, -1 do
-        if redis.call('LLEN', levels[i]) > 0 then return i end
-      end
-    end
-  end
+  local top = nil
   for i = 1, #levels do
-    while true do
-      local head = redis.call('LINDEX', levels[i], -1)
-      if head ~= BELL then break end
-      redis.call('RPOP', levels[i])
+    while redis.call('LINDEX', levels[i], -1) == BELL do redis.call('RPOP', levels[i]) end
+    if redis.call('LLEN', levels[i]) > 0 then
+      top = i
+      break
     end
-    if redis.call('LLEN', levels[i]) > 0 then return i end
   end
-  return nil
+  if not top or floor_every <= 0 then return top end
+  if redis.call('HINCRBY', stats, 'floor_seq', 1) % floor_every == 0 then
+    for i = #levels, top + 1, -1 do
+      if redis.call('LLEN', levels[i]) > 0 then return i end
+    end
+  end
+  return top
 end
 
 -- Claim up to `n` ready entries into processing with leases; appends to `out`.

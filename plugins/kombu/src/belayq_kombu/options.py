@@ -1,0 +1,177 @@
+"""The transport options belayq:// accepts, and the checks that give one clear error each.
+
+Celery hands ``broker_transport_options`` to kombu as ``Connection.transport_options``.
+The stock Redis transport's names keep their meaning where it matches (``visibility_timeout``
+is the lease, ``global_keyprefix``, ``priority_steps``, ``sep``, the socket options ...);
+belayq adds its own (``max_deliveries``, ``sweep_interval`` ...). A name nobody reads, or a
+value that cannot work, is refused when the transport is created, not ignored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+from belayq import QueueConfig
+from belayq.errors import ConfigError
+from kombu.transport import redis as stock
+
+#: belayq's own options: name -> (default, what it is). Times are in seconds, like kombu's.
+BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
+    "max_deliveries": (5, "deliveries after which a message goes to the dead-letter list"),
+    "sweep_interval": (1.0, "fleet-wide period of the recovery sweep (s)"),
+    "lease_heartbeat_interval": (None, "how often held leases are extended (s; lease/3)"),
+    "dead_letter_max": (10_000, "cap of each queue's dead-letter list"),
+    "dead_letter_rejected": (True, "reject(requeue=False) dead-letters instead of dropping"),
+    "claim_batch": (100, "most messages one claim takes when prefetch is unlimited"),
+    "adopt_stock_unacked": (True, "requeue messages stock workers left in the unacked hash"),
+    "stock_unacked_timeout": (3600.0, "age after which a stock unacked message is adopted (s)"),
+    "starvation_floor": (0.0, "share of claims served from the lowest non-empty priority"),
+}
+
+#: Read by kombu's Connection itself (retry policy), never by a channel.
+CONNECTION_OPTIONS = frozenset(
+    {
+        "max_retries",
+        "interval_start",
+        "interval_step",
+        "interval_max",
+        "connect_retries_timeout",
+        "errback",
+        "callback",
+        "retry_errors",
+        "timeout",
+    }
+)
+
+#: Read by the transport (timers, poll timeout) rather than by a channel.
+TRANSPORT_OPTIONS = frozenset(
+    {"polling_interval", "unacked_restore_interval", "health_check_interval", "reauth_check_interval"}
+)
+
+#: Stock names belayq refuses, with the reason.
+REFUSED: dict[str, str] = {
+    "ack_emulation": "belayq always tracks unacked messages (that is its guarantee); "
+    "remove ack_emulation",
+    "master_name": "Redis Sentinel is not supported by belayq:// yet; use redis:// or sentinel://",
+    "sentinel_kwargs": "Redis Sentinel is not supported by belayq:// yet",
+    "min_other_sentinels": "Redis Sentinel is not supported by belayq:// yet",
+    "sentinel_fanout_compat": "Redis Sentinel is not supported by belayq:// yet",
+}
+
+#: Default lease when visibility_timeout is not given: recovery stays under 30 s.
+DEFAULT_LEASE_S = 20.0
+
+#: A visibility_timeout above this only delays recovery, since belayq extends leases.
+LONG_LEASE_S = 300.0
+
+
+def channel_option_names() -> tuple[str, ...]:
+    """Names the channel copies from ``transport_options`` (the stock ones plus belayq's)."""
+    return tuple(stock.Channel.from_transport_options) + tuple(BELAYQ_OPTIONS)
+
+
+def known_options() -> frozenset[str]:
+    """Every transport option name belayq:// accepts."""
+    return frozenset(channel_option_names()) | CONNECTION_OPTIONS | TRANSPORT_OPTIONS
+
+
+def check(options: Mapping[str, Any]) -> None:
+    """Refuse unknown names and values that cannot work.
+
+    Raises:
+        ValueError: Naming the option, what is wrong and what to do.
+    """
+    known = known_options()
+    for name in options:
+        if name in REFUSED:
+            if name == "ack_emulation" and options[name]:
+                continue
+            raise ValueError(f"belayq:// transport option {name!r}: {REFUSED[name]}")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ValueError(
+                f"unknown belayq:// transport option {name!r}{hint} "
+                f"(valid: {', '.join(sorted(known))})"
+            )
+    for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout"):
+        _number(options, name, minimum=0.1)
+    for name in ("lease_heartbeat_interval", "polling_interval", "socket_timeout"):
+        if options.get(name) is not None:
+            _number(options, name, minimum=0.001)
+    for name in ("max_deliveries", "dead_letter_max", "claim_batch", "max_connections"):
+        _integer(options, name)
+    for name in ("global_keyprefix", "sep"):
+        if name in options and not isinstance(options[name], str):
+            raise ValueError(f"belayq:// transport option {name!r} must be a str, got {options[name]!r}")
+    if "sep" in options and not options["sep"]:
+        raise ValueError("belayq:// transport option 'sep' must not be empty")
+    core_options(_Merged(options))
+
+
+class _Merged:
+    """Option values with belayq's defaults, read like channel attributes."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self._options = options
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self._options:
+            return self._options[name]
+        if name in BELAYQ_OPTIONS:
+            return BELAYQ_OPTIONS[name][0]
+        if name == "visibility_timeout":
+            return DEFAULT_LEASE_S
+        if name == "priority_steps":
+            return stock.PRIORITY_STEPS
+        raise AttributeError(name)
+
+
+def core_options(source: Any) -> dict[str, Any]:
+    """The :class:`~belayq.QueueConfig` fields for a channel (or anything with its attributes).
+
+    Raises:
+        ValueError: The core refuses a value; the message names the kombu option.
+    """
+    heartbeat = source.lease_heartbeat_interval
+    fields: dict[str, Any] = {
+        "lease_ms": _ms(source.visibility_timeout),
+        "max_deliveries": source.max_deliveries,
+        "sweep_interval_ms": _ms(source.sweep_interval),
+        "heartbeat_interval_ms": None if heartbeat is None else _ms(heartbeat),
+        "dead_letter_max": source.dead_letter_max,
+        "priority_steps": tuple(source.priority_steps),
+        "starvation_floor": float(source.starvation_floor),
+        "payload_in_list": True,
+    }
+    try:
+        QueueConfig(**fields)
+    except ConfigError as exc:
+        raise ValueError(f"belayq:// transport options do not work together: {exc}") from exc
+    return fields
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(float(seconds) * 1000))
+
+
+def _number(options: Mapping[str, Any], name: str, *, minimum: float) -> None:
+    if name not in options:
+        return
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < minimum:
+        raise ValueError(
+            f"belayq:// transport option {name!r} must be a number of seconds >= {minimum}, "
+            f"got {value!r}"
+        )
+
+
+def _integer(options: Mapping[str, Any], name: str) -> None:
+    if name not in options:
+        return
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"belayq:// transport option {name!r} must be an int >= 1, got {value!r}")

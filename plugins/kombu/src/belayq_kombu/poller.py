@@ -1,0 +1,311 @@
+"""The I/O side of the transport: one blocking claim per consumed queue, plus pub/sub.
+
+Each queue a channel consumes gets its own Redis connection (a :class:`Waiter`) on which the
+core's BLMOVE is sent without waiting for the reply; the poller watches the sockets, with
+Celery's event loop (the hub) or, without one, with its own ``poll()``. When a reply is
+readable the waiting channel reads it and hands the entry to the core's ``lease_claimed``,
+which registers the lease and claims more ready messages in the same script, up to the
+channel's prefetch credit. Fanout queues use the stock transport's PSUBSCRIBE connection.
+
+A BLMOVE is only sent while the channel has credit. A reply that arrives after the credit
+ran out is leased and released straight back (uncounted), never dropped. Between BLMOVE and
+``lease_claimed`` the entry sits in the core's processing list, where the sweep finds it if
+this process dies: no step loses a message.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from queue import Empty
+from time import monotonic
+from typing import TYPE_CHECKING, Any
+
+import redis
+from kombu.utils.eventio import ERR, READ, poll
+
+if TYPE_CHECKING:
+    from belayq import ReliableQueue
+
+    from .transport import Channel
+
+log = logging.getLogger("belayq.kombu")
+
+LISTEN = "LISTEN"
+
+
+def _pool_connection(pool: Any) -> Any:
+    try:
+        return pool.get_connection()
+    except TypeError:  # redis-py < 5.3 wants a command name
+        return pool.get_connection("_")
+
+
+class Waiter:
+    """One queue's blocking-claim connection of one channel."""
+
+    def __init__(self, channel: Channel, queue: str, rq: ReliableQueue) -> None:
+        self.channel = channel
+        self.queue = queue
+        self.rq = rq
+        self.conn: Any = None
+        self.client_id: int | None = None
+        self.sent_at: float | None = None
+
+    def socket(self) -> Any:
+        """The connected socket, connecting (and learning the client id) if needed."""
+        if self.conn is None:
+            self.conn = _pool_connection(self.channel.async_pool)
+        if self.conn._sock is None:
+            self.sent_at = None
+            self.conn.connect()
+            self.conn.send_command("CLIENT", "ID")
+            self.client_id = int(self.conn.read_response())
+        return self.conn._sock
+
+    def send(self, timeout: float) -> None:
+        self.conn.send_command(*self.rq.blmove_command(timeout))
+        self.sent_at = monotonic()
+
+    def read(self) -> bytes | None:
+        """The BLMOVE reply (an entry, or None on timeout)."""
+        try:
+            reply = self.conn.read_response()
+        except Exception:
+            self.conn.disconnect()
+            raise
+        finally:
+            self.sent_at = None
+        return reply if reply is None else bytes(reply)
+
+    def close(self, unblock: Callable[[int], Any] | None) -> bytes | None:
+        """Stop waiting; returns an entry the pending BLMOVE had already taken, if any.
+
+        ``unblock`` (CLIENT UNBLOCK on another connection) makes a waiting BLMOVE return
+        at once instead of after its timeout.
+        """
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return None
+        entry = None
+        try:
+            if self.sent_at is not None and conn._sock is not None:
+                if unblock is not None and self.client_id is not None:
+                    unblock(self.client_id)
+                if conn.can_read(timeout=self.channel.brpop_timeout + 1):
+                    reply = conn.read_response()
+                    entry = None if reply is None else bytes(reply)
+        except Exception:
+            log.debug("closing the claim connection of %s", self.queue, exc_info=True)
+        finally:
+            self.sent_at = None
+            conn.disconnect()
+            try:
+                self.channel.async_pool.release(conn)
+            except Exception:
+                pass
+        return entry
+
+
+class Poller:
+    """Shared by the channels of one transport (kombu calls it the transport's cycle)."""
+
+    eventflags = READ | ERR
+
+    #: Set by :meth:`get` while reading; the stock channel defers basic_cancel meanwhile.
+    _in_protected_read = False
+
+    def __init__(self) -> None:
+        self._channels: set[Channel] = set()
+        self._fds: dict[int, tuple[Channel, Any]] = {}
+        self._socks: dict[tuple[Channel, Any], tuple[Any, Any]] = {}
+        self.poller: Any = poll()
+        self.after_read: set[Callable[[], Any]] = set()
+        self._remove_fd: Callable[[int], Any] = self._unregister
+        self._next_sweep = 0.0
+        self._next_adopt = 0.0
+
+    # -- channels and sockets ------------------------------------------------------
+
+    def add(self, channel: Channel) -> None:
+        self._channels.add(channel)
+
+    def discard(self, channel: Channel) -> None:
+        self._channels.discard(channel)
+        for key in [k for k in self._socks if k[0] is channel]:
+            self._forget(key)
+
+    def close(self) -> None:
+        for key in list(self._socks):
+            self._forget(key)
+        self._channels.clear()
+
+    @property
+    def fds(self) -> dict[int, Channel]:
+        return {fd: chan for fd, (chan, _) in self._fds.items()}
+
+    def _unregister(self, fd: int) -> None:
+        try:
+            self.poller.unregister(fd)
+        except (KeyError, ValueError, OSError):
+            pass
+
+    def _register(self, channel: Channel, key: Any, conn: Any) -> None:
+        sock = conn._sock
+        known = self._socks.get((channel, key))
+        if known is not None and known[0] is sock:
+            return
+        if known is not None:
+            self._forget((channel, key))
+        fd = sock.fileno()
+        self._fds[fd] = (channel, key)
+        self._socks[(channel, key)] = (sock, conn)
+        self.poller.register(sock, self.eventflags)
+
+    def _forget(self, key: tuple[Channel, Any]) -> None:
+        known = self._socks.pop(key, None)
+        if known is None:
+            return
+        for fd, value in list(self._fds.items()):
+            if value == key:
+                del self._fds[fd]
+                self._remove_fd(fd)
+
+    def on_connection_disconnect(self, connection: Any) -> None:
+        """A connection of ours was closed: stop polling its (now closed) socket."""
+        for key, (_, conn) in list(self._socks.items()):
+            if conn is connection:
+                if isinstance(key[1], Waiter):
+                    key[1].sent_at = None
+                self._forget(key)
+
+    # -- one poll cycle --------------------------------------------------------------
+
+    def on_poll_init(self, poller: Any) -> None:
+        self.poller = poller
+        self.maybe_sweep(force=True)
+        self.maybe_adopt(force=True)
+
+    def on_poll_start(self) -> None:
+        """Send a BLMOVE for every consumed queue that has none pending, if credit allows;
+        subscribe fanout queues."""
+        for channel in list(self._channels):
+            if channel.active_queues and channel.qos.can_consume():
+                for waiter in channel.waiters():
+                    if waiter.sent_at is None:
+                        waiter.socket()
+                        self._register(channel, waiter, waiter.conn)
+                        waiter.send(channel.brpop_timeout)
+            if channel.active_fanout_queues:
+                self._listen(channel)
+
+    def _listen(self, channel: Channel) -> None:
+        client = channel.subclient
+        if getattr(client, "connection", None) is None:
+            client.connection = _pool_connection(client.connection_pool)
+        if client.connection._sock is None or (channel, LISTEN) not in self._socks:
+            channel._in_listen = False
+            if client.connection._sock is None:
+                client.connection.connect()
+            self._register(channel, LISTEN, client.connection)
+        if not channel._in_listen:
+            channel._subscribe()
+
+    def on_readable(self, fd: int) -> bool:
+        """Handle a readable socket; True when a message was delivered."""
+        found = self._fds.get(fd)
+        if found is None:
+            return False
+        channel, key = found
+        if key == LISTEN:
+            if channel.qos.can_consume():
+                return bool(channel._receive())
+            return False
+        return channel.on_claim_readable(key)
+
+    def handle_event(self, fd: int, event: int) -> tuple[bool, Poller] | None:
+        if event & READ:
+            return self.on_readable(fd), self
+        if event & ERR:
+            found = self._fds.get(fd)
+            if found is not None:
+                channel, key = found
+                if key == LISTEN:
+                    channel.subclient.parse_response()
+                else:
+                    key.read()
+        return None
+
+    def get(self, callback: Any, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` for one batch of messages (no event loop: drain_events)."""
+        self._in_protected_read = True
+        try:
+            self.on_poll_start()
+            for fd, event in self.poller.poll(timeout) or ():
+                handled = self.handle_event(fd, event)
+                if handled and handled[0]:
+                    return
+            self.maybe_sweep()
+            self.maybe_adopt()
+            raise Empty()
+        finally:
+            self._in_protected_read = False
+            while self.after_read:
+                try:
+                    fun = self.after_read.pop()
+                except KeyError:
+                    break
+                fun()
+
+    # -- upkeep (timers with the hub; piggybacked on empty polls without one) ------------
+
+    def maybe_sweep(self, force: bool = False) -> None:
+        """Run the fleet-wide guarded sweep of every consumed queue, at most once per
+        ``sweep_interval``; retry settlements that could not reach Redis."""
+        from .claims import KEPT, RETRY
+
+        now = monotonic()
+        if not force and now < self._next_sweep:
+            return
+        interval = min((c.sweep_interval for c in self._channels), default=1.0)
+        self._next_sweep = now + interval
+        for channel in list(self._channels):
+            try:
+                channel.sweep()
+            except (redis.ConnectionError, redis.TimeoutError, ConnectionError):
+                log.debug("sweep skipped: Redis unreachable", exc_info=True)
+                return
+        RETRY.run()
+        KEPT.check()
+
+    def maybe_adopt(self, force: bool = False) -> None:
+        """Requeue what stock workers left in their unacked hash (rolling migration)."""
+        now = monotonic()
+        if not force and now < self._next_adopt:
+            return
+        self._next_adopt = now + 10.0
+        for channel in list(self._channels):
+            if channel.active_queues:
+                try:
+                    channel.adopt_stock_unacked()
+                except (redis.ConnectionError, redis.TimeoutError, ConnectionError):
+                    log.debug("adoption skipped: Redis unreachable", exc_info=True)
+                return
+
+    def maybe_check_health(self) -> None:
+        """Drop claim connections whose BLMOVE reply is overdue (a half-open socket), and
+        ping the pub/sub connections."""
+        now = monotonic()
+        for channel in list(self._channels):
+            for waiter in channel.waiters(create=False):
+                overdue = channel.brpop_timeout + (channel.health_check_interval or 25)
+                if waiter.sent_at is not None and now - waiter.sent_at > overdue and waiter.conn:
+                    log.warning("BLMOVE on %s got no reply for %.0f s; reconnecting",
+                                waiter.queue, now - waiter.sent_at)
+                    waiter.conn.disconnect()
+            client = channel.__dict__.get("subclient")
+            if client is not None and callable(getattr(client, "check_health", None)):
+                try:
+                    client.check_health()
+                except (redis.ConnectionError, redis.TimeoutError, OSError):
+                    log.debug("pub/sub health check failed", exc_info=True)
