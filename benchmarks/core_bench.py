@@ -472,19 +472,18 @@ def crash_belayq(r: redis.Redis, port: int, lease_ms: int, consumer: str, poll_s
                  window_s: float) -> Recovery:
     """Kill -9 a belayq consumer holding a message; time until another consumer has it.
 
-    ``consumer``: ``poll`` = ``claim(timeout=poll_s)`` in a loop (a fresh consumer);
-    ``blocked`` = one ``claim(timeout=window)`` issued before the kill by a consumer that
-    never claimed (no keeper); ``blocked-warm`` = the same after one claim+ack, so this
-    process's lease keeper runs the guarded sweep.
+    ``consumer``: ``poll`` = ``claim(timeout=poll_s)`` in a loop; ``blocked`` = one
+    ``claim(timeout=window)`` issued before the kill (its first claim registers the queue
+    with this process's lease keeper, whose guarded sweep runs every heartbeat);
+    ``blocked-nokeeper`` = the same with ``keeper=False``, so only the claim's own sweep
+    runs, each time its capped BLMOVE wait ends.
     """
     fresh(r)
     name = f"crash-{uuid.uuid4().hex[:8]}"
     producer = ReliableQueue(r, name, lease_ms=lease_ms, keeper=False)
-    observer = ReliableQueue(r, name, lease_ms=lease_ms)
-    if consumer == "blocked-warm":
-        producer.publish(b"warm-up")
-        got = observer.claim(timeout=5)
-        _need(len(got) == 1 and observer.ack(got[0]), "warm-up claim")
+    observer = ReliableQueue(
+        r, name, lease_ms=lease_ms, keeper=consumer != "blocked-nokeeper"
+    )
     msg_id = producer.publish(b"crash-me".ljust(100, b"x"))
     child, info = _spawn_child(["belayq", str(port), name, str(lease_ms)])
     try:
@@ -600,9 +599,25 @@ def span(values: Sequence[float], fmt: str) -> str:
     return f"{format(med(values), fmt)} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
+def source_state() -> str:
+    """Where belayq was imported from, and the git state of that checkout's core."""
+    src = Path(belayq.__file__).resolve().parent
+    try:
+        def git(*cmd: str) -> str:
+            return subprocess.run(
+                ["git", "-C", str(src), *cmd], capture_output=True, text=True, check=True
+            ).stdout.strip()
+
+        head = git("rev-parse", "--short", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--", "."))
+        return f"{src} (git {head}{', core modified' if dirty else ''})"
+    except (OSError, subprocess.CalledProcessError):
+        return f"{src} (not a git checkout)"
+
+
 def environment(r: redis.Redis, port: int) -> dict[str, Any]:
     try:
-        import hiredis  # type: ignore[import-not-found]
+        import hiredis
 
         hiredis_version = hiredis.__version__
     except ImportError:
@@ -621,6 +636,7 @@ def environment(r: redis.Redis, port: int) -> dict[str, Any]:
         "resp_protocol": protocol,
         "python": platform.python_version(),
         "belayq": belayq.__version__,
+        "belayq_source": source_state(),
         "cpu_count": os.cpu_count(),
         "cpus_usable": len(os.sched_getaffinity(0)),
         "loadavg_start": os.getloadavg(),
@@ -675,7 +691,8 @@ def report(res: dict[str, Any]) -> str:
     out.append(
         f"env: redis-server {env['redis_version']} (port {env['redis_port']}), "
         f"redis-py {env['redis_py']}, hiredis {hiredis_txt}, "
-        f"RESP{env['resp_protocol']}, Python {env['python']}, belayq {env['belayq']}, "
+        f"RESP{env['resp_protocol']}, Python {env['python']}, "
+        f"belayq {env['belayq']} from {env['belayq_source']}, "
         f"CPUs {env['cpu_count']} (usable {env['cpus_usable']}), "
         f"load avg start {env['loadavg_start'][0]:.2f} end {res['loadavg_end'][0]:.2f}"
     )
@@ -687,14 +704,22 @@ def report(res: dict[str, Any]) -> str:
     rows = []
     for label, bq, raw in THROUGHPUT_ROWS:
         ratio = med(rates(bq)) / med(rates(raw))
+        paired = [x / y for x, y in zip(rates(bq), rates(raw), strict=True)]
         rows.append([
             label.format(b=b),
             span(rates(bq), ",.0f"),
             LOOP_LABELS[raw].format(b=b),
             span(rates(raw), ",.0f"),
             f"{ratio:.2f}",
+            span(paired, ".2f"),
         ])
-    out.append(table(["loop", "belayq msg/s", "raw loop", "raw msg/s", "belayq/raw"], rows))
+    out.append(table(
+        ["loop", "belayq msg/s", "raw loop", "raw msg/s", "belayq/raw", "same-rep ratios"], rows
+    ))
+    out.append(
+        "belayq/raw = ratio of the medians; same-rep ratios = median (min-max) of each rep's "
+        "belayq/raw, measured seconds apart, which cancels part of the host's drift."
+    )
 
     out.append("\n## Round trips and commands per message (median over reps)\n")
     rows = []
@@ -730,8 +755,8 @@ def report(res: dict[str, Any]) -> str:
     ]:
         bv = [m[bq] for m in mem]
         rv = [m[raw] for m in mem]
-        ratio = f"{med(bv) / med(rv):.2f}" if abs(med(rv)) > 5 else "-"
-        rows.append([label, span(bv, ".0f"), span(rv, ".0f"), ratio])
+        mem_ratio = f"{med(bv) / med(rv):.2f}" if abs(med(rv)) > 5 else "-"
+        rows.append([label, span(bv, ".0f"), span(rv, ".0f"), mem_ratio])
     out.append(table(["state", "belayq id mode B/msg", "raw list B/msg", "belayq/raw"], rows))
 
     def m(key: str) -> str:
@@ -751,8 +776,8 @@ def report(res: dict[str, Any]) -> str:
         groups.setdefault((rec["system"], rec["lease_ms"], rec["consumer"]), []).append(rec)
     consumer_text = {
         "poll": f"claim(timeout={a['poll_s']}) in a loop",
-        "blocked": "one blocked claim(), never claimed before (no keeper)",
-        "blocked-warm": "one blocked claim(), claimed before (keeper sweeps)",
+        "blocked": "one blocked claim() (its keeper sweeps)",
+        "blocked-nokeeper": "one blocked claim(), keeper=False",
     }
     rows = []
     for (system, lease, consumer), recs in groups.items():
@@ -813,8 +838,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="kill -9 runs per lease (default: --reps)")
     ap.add_argument("--raw-window", type=float, default=10.0,
                     help="seconds to watch the killed raw consumer's message")
-    ap.add_argument("--skip-blocked", action="store_true",
-                    help="skip the blocked-claim() kill -9 variants")
+    ap.add_argument("--blocked-reps", type=int, default=1,
+                    help="kill -9 runs of each blocked-claim() variant (0 = skip them; "
+                    "their timing is set by the sweep period and the BLMOVE cap)")
     ap.add_argument("--json", type=Path, help="write every rep's numbers here")
     args = ap.parse_args(argv)
     crash_reps = args.reps if args.crash_reps is None else args.crash_reps
@@ -833,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
                 "n": args.n, "reps": args.reps, "batch": args.batch,
                 "payload_bytes": args.payload_bytes, "leases": args.leases,
                 "poll_s": args.poll_s, "crash_reps": crash_reps,
-                "raw_window_s": args.raw_window,
+                "raw_window_s": args.raw_window, "blocked_reps": args.blocked_reps,
             },
             "env": environment(r, server.port),
         }
@@ -852,12 +878,13 @@ def main(argv: list[str] | None = None) -> int:
 
         recovery = []
         window = max(args.leases) / 1000 + 10
-        runs = [(lease, "poll") for lease in args.leases]
-        if not args.skip_blocked:
-            runs += [(min(args.leases), "blocked"), (min(args.leases), "blocked-warm")]
-        for rep in range(crash_reps):
-            for lease, consumer in runs:
-                progress(f"kill -9 rep {rep + 1}/{crash_reps}, lease_ms={lease}, {consumer}")
+        runs = [(lease, "poll", crash_reps) for lease in args.leases]
+        runs += [(min(args.leases), c, args.blocked_reps) for c in ("blocked", "blocked-nokeeper")]
+        for rep in range(max(crash_reps, args.blocked_reps)):
+            for lease, consumer, reps in runs:
+                if rep >= reps:
+                    continue
+                progress(f"kill -9 rep {rep + 1}/{reps}, lease_ms={lease}, {consumer}")
                 rec = crash_belayq(r, server.port, lease, consumer, args.poll_s, window)
                 recovery.append(asdict(rec))
         progress(f"kill -9 of a raw BLMOVE consumer, watching {args.raw_window:.0f} s")

@@ -13,7 +13,7 @@ Scenarios (the sequence of calls is fixed, given the queue state the test prepar
             ack them in one call, sweep.
 ``blmove``  the queue is empty: claim blocks in BLMOVE (the test publishes one message once
             it sees the block), lease.lua registers it, extend, nack, claim it again, ack.
-``stall``   the queue is empty: claim (timeout 5 s) blocks in BLMOVE, and whatever it gets
+``stall``   the queue is empty: claim (timeout 3 s) blocks in BLMOVE, and whatever it gets
             is acked; with ``--stop`` the child stops itself (SIGSTOP) right after call K
             instead of dying, so the test can let the sweep act in the BLMOVE -> lease gap
             and then resume it (SIGCONT).
@@ -124,7 +124,7 @@ def _describe(args: tuple[Any, ...]) -> dict[str, Any]:
     if cmd == "EVALSHA":
         numkeys = int(args[2])
         out["script"] = _SCRIPT_BY_SHA.get(str(_plain(args[1])), "?")
-        out["argv"] = _plain(list(args[3 + numkeys + 4 :]))  # after KEYS and the common four
+        out["argv"] = _plain(list(args[3 + numkeys + 5 :]))  # after KEYS and the common five
     else:
         out["args"] = _plain(list(args[1:]))
     return out
@@ -173,7 +173,7 @@ def main() -> int:
         assert all(q.ack_many(rest))
         q.sweep()
     elif a.scenario == "stall":
-        for d in q.claim(timeout=5):
+        for d in q.claim(timeout=3):
             assert q.ack(d)
     else:  # blmove
         [d] = q.claim(timeout=15)

@@ -366,7 +366,6 @@ def test_reply_lost_after_redis_ran_the_command(
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-3: a re-sent ack (reply lost) reports False/stale")
 @pytest.mark.parametrize("setup", CLIENT_SETUPS)
 def test_bug3_ack_whose_reply_was_lost_reports_success(
     redis_server, admin, qname, monkeypatch, setup
@@ -390,7 +389,6 @@ def test_bug3_ack_whose_reply_was_lost_reports_success(
     assert ok is True and st.get("stale_acks", 0) == 0, (ok, st)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG-2: one unreachable queue stalls the shared keeper")
 def test_bug2_unreachable_queue_stalls_other_queues_heartbeats(redis_server, admin):
     """BUG-2: the process-wide LeaseKeeper runs every queue's heartbeat in one thread, one
     after the other. A queue whose Redis does not answer (here: a partition that drops

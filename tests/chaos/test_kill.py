@@ -42,7 +42,8 @@ LEASE_MS = 800
 SWEEP_MS = 100
 PARALLEL = 4
 
-# The calls each scenario makes, in order (checked against the dry run).
+# The calls each scenario makes, in order. The dry run must make these (as a subsequence:
+# the core may add calls; every call of the dry run is a kill point whatever it is).
 EXPECTED_CALLS = {
     "script": ["claim", "extend", "ack", "nack", "claim", "release", "claim", "ack", "sweep"],
     "blmove": ["claim", "BLMOVE", "lease", "extend", "nack", "claim", "ack"],
@@ -98,9 +99,14 @@ def _dry_run(port: int, scenario: str, tmp: Path) -> ChildRun:
     res = run_trial(port, scenario, 0, "before", tmp)
     assert res["completed"], "the dry run (no kill) must complete"
     child: ChildRun = res["child"]
-    done = [r.get("script") or r["cmd"] for r in child.records if r["phase"] == "done"]
-    assert done == EXPECTED_CALLS[scenario], done
+    done = calls_of(child)
+    rest = iter(done)
+    assert all(name in rest for name in EXPECTED_CALLS[scenario]), done
     return child
+
+
+def calls_of(child: ChildRun) -> list[str]:
+    return [r.get("script") or r["cmd"] for r in child.records if r["phase"] == "done"]
 
 
 @pytest.mark.parametrize("scenario", ["script", "blmove"])
@@ -108,7 +114,7 @@ def test_kill9_between_every_pair_of_redis_calls(redis_server, tmp_path, scenari
     port = redis_server.port
     dry = _dry_run(port, scenario, tmp_path)
     n = dry.calls
-    assert n == len(EXPECTED_CALLS[scenario])
+    assert n == len(calls_of(dry))
     points = [(k, w) for k in range(1, n + 2) for w in ("before", "after")]
     points.remove((n + 1, "after"))
     with ThreadPoolExecutor(PARALLEL) as pool:
@@ -119,7 +125,7 @@ def test_kill9_between_every_pair_of_redis_calls(redis_server, tmp_path, scenari
     for (k, _w), res in results.items():
         assert res["completed"] is (k == n + 1), (k, res)
 
-    print(f"\n[{scenario}] {n} Redis calls, {len(points)} runs "
+    print(f"\n[{scenario}] {n} Redis calls ({' '.join(calls_of(dry))}), {len(points)} runs "
           f"({len(points) - 1} killed), lease {LEASE_MS} ms, sweep {SWEEP_MS} ms")  # fmt: skip
     all_lat = []
     for (k, w), res in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][1] == "after")):
@@ -137,9 +143,9 @@ def test_kill9_between_every_pair_of_redis_calls(redis_server, tmp_path, scenari
     # for blmove the gap between BLMOVE and lease.lua was hit with a lease-less entry.
     assert any(res["leased_in_flight"] for res in results.values())
     if scenario == "blmove":
-        gap = results[(2, "after")]
-        assert gap["blmoved_in_flight"] == 1 and gap["leased_in_flight"] == 0, gap
-        assert results[(3, "before")]["blmoved_in_flight"] == 1
+        k = calls_of(dry).index("BLMOVE") + 1
+        for gap in (results[(k, "after")], results[(k + 1, "before")]):
+            assert gap["blmoved_in_flight"] == 1 and gap["leased_in_flight"] == 0, gap
 
 
 def test_seed_step3_kill9_worker_holding_a_job(redis_server, tmp_path):
@@ -246,9 +252,11 @@ def test_claimer_stalled_between_blmove_and_lease(redis_server, tmp_path, resume
         assert q.sweep().orphans_found == 1  # provisional lease (token '0')
         other = None
         if resume != "in_time":
-            other = ReliableQueue(redis.Redis(port=port), queue, keeper=False,
+            # Another worker; its keeper's sweep puts the entry back once the provisional
+            # lease expired, and its blocked claim gets it.
+            other = ReliableQueue(redis.Redis(port=port), queue, keeper=True,
                                   lease_ms=lease_ms, sweep_interval_ms=sweep_ms)  # fmt: skip
-            [d] = other.claim(timeout=lease_ms / 1000 + SLACK_S)  # claim.lua sweeps it back
+            [d] = other.claim(timeout=lease_ms / 1000 + SLACK_S)
             assert (d.id, d.deliveries) == (mid, 1)
             if resume == "too_late_acked":
                 assert other.ack(d)
@@ -273,6 +281,8 @@ def test_claimer_stalled_between_blmove_and_lease(redis_server, tmp_path, resume
         if resume == "too_late_held":
             assert other is not None and other.ack(d)
             st = q.stats()
+        if other is not None:
+            other.close(release=False)
             other.client.close()
     assert (st["ready"], st["in_flight"], st["leased"], st["delayed"], st["dead"]) == (0,) * 5
     assert st["acked"] == 1 and st.get("stale_acks", 0) == 0

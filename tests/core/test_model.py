@@ -214,25 +214,35 @@ class Model:
         return len(ids)
 
     def pick_level(self) -> int | None:
-        if self.floor_every > 0 and len(self.levels) > 1:
-            self.counters["floor_seq"] += 1
-            if self.counters["floor_seq"] % self.floor_every == 0:
-                for i in range(len(self.levels) - 1, 0, -1):
-                    if self.levels[i]:
-                        return i
+        """The highest-priority non-empty level (bells at a head are dropped on the way);
+        with the floor on, every floor_every-th pick that finds work takes the lowest
+        non-empty level below that one instead."""
+        top = None
         for i, lst in enumerate(self.levels):
             while lst and lst[-1] == BELL:
                 lst.pop()
             if lst:
-                return i
-        return None
+                top = i
+                break
+        if top is None or self.floor_every <= 0:
+            return top
+        self.counters["floor_seq"] += 1
+        if self.counters["floor_seq"] % self.floor_every == 0:
+            for i in range(len(self.levels) - 1, top, -1):
+                if self.levels[i]:
+                    return i
+        return top
 
     def lease_entry(self, entry: str) -> tuple[str, bytes, str, int] | None:
         m = self.msgs[entry]  # a listed id always has its hash (nothing here deletes one)
         if m.token not in (None, "0"):
-            # Already leased by someone else: the duplicate copy is dropped.
-            lrem(self.processing, 1, entry)
-            self.counters["duplicates_dropped"] += 1
+            # Already leased. Only a second copy in processing is a duplicate to drop; the
+            # single copy there is the current holder's, and this claimer lost its entry.
+            if self.processing.count(entry) > 1 or LEASE_DROPS_LIVE_CLAIM:
+                lrem(self.processing, 1, entry)
+                self.counters["duplicates_dropped"] += 1
+            else:
+                self.counters["lost_claims"] += 1
             return None
         m.n += 1
         self.counters["seq"] += 1
@@ -304,9 +314,6 @@ class Model:
         if entry == BELL:
             lrem(self.processing, 1, BELL)
         elif entry not in self.processing:
-            self.counters["lost_claims"] += 1
-        elif self.msgs[entry].token not in (None, "0") and not LEASE_DROPS_LIVE_CLAIM:
-            # The only copy in processing is another consumer's live claim: ours is lost.
             self.counters["lost_claims"] += 1
         else:
             d = self.lease_entry(entry)
@@ -452,6 +459,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.pending: list[tuple[int, str]] = []  # BLMOVE-d entries not yet leased
         self.history: list[Delivery] = []  # every delivery ever handed out
         self.t0 = 0  # server ms (no skew) when the current step started
+        self.step = 0  # steps so far; also 1 ms of skew each (see begin)
+        self.next_id = 0
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -465,7 +474,36 @@ class QueueMachine(RuleBasedStateMachine):
         return int(sec) * 1000 + int(usec) // 1000
 
     def begin(self) -> None:
+        """Start a step: every step adds 1 ms of skew, so scores written in different steps
+        never tie; within one script call ties go by id, and ids count up (see
+        deterministic_ids). Whatever the machine's speed, the order is the same on every
+        run, which hypothesis needs to replay and shrink an example."""
+        self.step += 1
+        self.set_skew()
         self.t0 = self.server_ms()
+
+    def skew_ms(self) -> int:
+        return self.m.now * TICK_MS + self.step
+
+    def set_skew(self) -> None:
+        for q in self.qs:
+            q._scripts.skew_ms = self.skew_ms()
+
+    def deterministic_ids(self, q: ReliableQueue) -> None:
+        """Message ids m000001, m000002, ... instead of uuid4 (the id is the first argument
+        of publish.lua; publish checks it came back)."""
+        make_args = q._publish_args
+
+        def publish_args(*args: Any, **kwargs: Any) -> list[Any]:
+            out = make_args(*args, **kwargs)
+            self.next_id += 1
+            out[0] = f"m{self.next_id:06d}"
+            return out
+
+        q._publish_args = publish_args  # type: ignore[method-assign]
+
+    def last_id(self) -> str:
+        return f"m{self.next_id:06d}"
 
     def q_of(self, consumer: int) -> ReliableQueue:
         return self.qs[consumer]
@@ -512,6 +550,8 @@ class QueueMachine(RuleBasedStateMachine):
         )
         self.qs = [ReliableQueue(self.client, self.name, keeper=False, **options)
                    for _ in range(2)]
+        for q in self.qs:
+            self.deterministic_ids(q)
         self.model = Model(
             max_deliveries=max_deliveries,
             floor_every=self.qs[0].config.floor_every,
@@ -547,13 +587,16 @@ class QueueMachine(RuleBasedStateMachine):
             first = self.m.publish(mid, payload, Model.level_of(priority), delay, dedup)
             if first is not None:
                 assert mid == first, "a deduplicated publish must answer the first id"
+            else:
+                assert mid == self.last_id()
 
     @rule(payloads=st.lists(st.binary(max_size=6), min_size=1, max_size=4),
           priority=st.integers(0, 10))
     def publish_many(self, payloads: list[bytes], priority: int) -> None:
         self.begin()
+        first = self.next_id + 1
         ids = self.qs[1].publish_many(payloads, priority=priority)
-        assert len(ids) == len(payloads)
+        assert ids == [f"m{i:06d}" for i in range(first, first + len(payloads))]
         for mid, payload in zip(ids, payloads):
             assert self.m.publish(mid, payload, Model.level_of(priority), 0, None) is None
 
@@ -569,7 +612,7 @@ class QueueMachine(RuleBasedStateMachine):
             assert due_ms == -1
         else:
             first = min((e[1], mid) for mid, e in self.m.delayed.items())[0]
-            skew = self.m.now * TICK_MS
+            skew = self.skew_ms()
             lo, hi = first - t1 - skew, first - self.t0 - skew
             assert max(0, lo) <= due_ms <= max(0, hi), (due_ms, lo, hi)
         self.took(consumer, got, expected)
@@ -666,7 +709,7 @@ class QueueMachine(RuleBasedStateMachine):
         stale = [d for d in self.history if not self.m.valid(d.id, d.token)]
         forged = [
             Delivery(m.id, m.payload, "0", m.n, self.name) for m in self.m.live()
-        ] + [Delivery("no-such-" + uuid.uuid4().hex, b"", "1", 1, self.name)]
+        ] + [Delivery("no-such-id", b"", "1", 1, self.name)]
         d = data.draw(st.sampled_from(stale + forged))
         assert not self.m.valid(d.id, d.token)
         q = self.qs[data.draw(st.integers(0, 1))]
@@ -713,8 +756,7 @@ class QueueMachine(RuleBasedStateMachine):
         sweep runs."""
         self.begin()
         self.m.now += ticks
-        for q in self.qs:
-            q._scripts.skew_ms = self.m.now * TICK_MS
+        self.set_skew()
         if then_sweep:
             self.sweep()
 
@@ -745,7 +787,7 @@ class QueueMachine(RuleBasedStateMachine):
                 if entry[1] is None:
                     score = self.client.zscore(zkey, mid)
                     assert score is not None, (zkey, mid)
-                    server_now = int(score) - entry[0] * TICK_MS
+                    server_now = int(score) - entry[0] * TICK_MS - self.step
                     assert self.t0 <= server_now <= t1, (mid, server_now, self.t0, t1)
                     entry[1] = int(score)
 

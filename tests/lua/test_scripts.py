@@ -405,3 +405,47 @@ def q_name() -> str:
     import uuid
 
     return uuid.uuid4().hex[:10]
+
+
+class TestRepeatedRequests:
+    """A call re-sent with the same request id (redis-py retries after a dropped connection,
+    or the caller retrying a settle) gets the first reply and changes nothing more."""
+
+    def test_publish_twice_stores_once(self, q: ReliableQueue) -> None:
+        args = ["fixed-id", b"body", 1, 0, "", 1000]
+        first = q._scripts.run("publish", *args, request_id="fixed-id")
+        again = q._scripts.run("publish", *args, request_id="fixed-id")
+        assert first[0] == again[0] == b"fixed-id"
+        assert q.client.llen(q.keys.ready) == 1 and q.stats()["repeated_requests"] == 1
+
+    def test_claim_twice_returns_the_same_claims(self, q: ReliableQueue) -> None:
+        q.publish_many([b"1", b"2", b"3"])
+        args = q._claim_args(2)
+        first = q._scripts.run("claim", *args, request_id="c1")
+        again = q._scripts.run("claim", *args, request_id="c1")
+        assert [bytes(x) if isinstance(x, bytes) else x for x in again[1:]] == first[1:]
+        assert q.stats()["ready"] == 1 and q.stats()["claimed"] == 2
+
+    def test_repeated_claim_leaves_out_what_is_no_longer_held(self, q: ReliableQueue) -> None:
+        q.publish(b"1")
+        reply = q._scripts.run("claim", *q._claim_args(1), request_id="c2")
+        q._scripts.run("ack", reply[1], reply[3], request_id="")
+        assert q._scripts.run("claim", *q._claim_args(1), request_id="c2")[1:] == []
+
+    def test_lease_twice(self, q: ReliableQueue) -> None:
+        msg_id = q.publish(b"a")
+        entry = q.client.execute_command(*q.blmove_command(0.1))
+        args = [*q._claim_args(1)[:3], entry]
+        first = q._scripts.run("lease", *args, request_id="l1")
+        again = q._scripts.run("lease", *args, request_id="l1")
+        assert first[2] == again[2] == msg_id.encode() and again[3] == b"a"
+        assert first[4] == again[4] and q.stats()["claimed"] == 1
+
+    def test_ack_nack_release_twice(self, q: ReliableQueue) -> None:
+        q.publish_many([b"1", b"2", b"3"])
+        d1, d2, d3 = q.claim(timeout=0, count=3)
+        assert q.ack(d1) and q.ack(d1)  # the retried ack reports the first ack's success
+        assert q.nack(d2) == "ready" and q.nack(d2) == "ready"
+        assert q.release([d3]) == 1 and q.release([d3]) == 1
+        s = q.stats()
+        assert s["ready"] == 2 and s.get("stale_acks", 0) == 0 and s["repeated_requests"] == 3

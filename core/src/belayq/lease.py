@@ -1,14 +1,15 @@
-"""The lease keeper: one daemon thread per process that keeps the leases it holds alive.
+"""The lease keeper: a daemon thread per kept queue that keeps the process's leases alive.
 
-Every queue that claimed something registers here. Each tick the keeper extends the leases
-of every delivery the queue still holds (one script call per queue) and runs the queue's
-guarded sweep, so expired leases anywhere in the fleet come back within one sweep period.
+Every queue that claims registers here. Its thread extends the leases of every delivery
+the queue still holds (one script call) and runs the queue's guarded sweep, so expired
+leases anywhere in the fleet come back within one sweep period. One thread per queue, so
+a queue whose Redis stops answering stalls only its own heartbeat, never another's.
 
-The thread needs the GIL for a few microseconds per tick. Pure-Python CPU-bound work
-yields it every ``sys.getswitchinterval()`` (5 ms), so the keeper keeps up; a C extension
-that holds the GIL for longer than the lease (a single huge regex, a numpy call that does
-not release it) starves every Python thread, and then the lease can expire. Such work
-should run in a child process, as RQ's work horse and Celery's prefork pool already do.
+A thread needs the GIL for a few microseconds per tick. Pure-Python CPU-bound work yields
+it every ``sys.getswitchinterval()`` (5 ms), so the keeper keeps up; a C extension that
+holds the GIL for longer than the lease (one huge regex match, a sort of a huge list)
+starves every Python thread, and then the lease can expire. Such work should run in a
+child process, as RQ's work horse and Celery's prefork pool already do.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 import weakref
 from typing import Protocol
 
@@ -33,67 +33,61 @@ class KeptQueue(Protocol):
 
 
 class LeaseKeeper:
-    """Runs ``heartbeat()`` of every registered queue at its own period."""
+    """Runs ``heartbeat()`` of every registered queue at its own period, each on its thread."""
 
     def __init__(self) -> None:
-        self._queues: weakref.WeakSet[KeptQueue] = weakref.WeakSet()
-        self._due: weakref.WeakKeyDictionary[KeptQueue, float] = weakref.WeakKeyDictionary()
+        self._stops: weakref.WeakKeyDictionary[KeptQueue, threading.Event] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
         self.ticks = 0
 
     def register(self, queue: KeptQueue) -> None:
         """Keep ``queue``'s leases from now on (cheap when it is already kept)."""
-        if queue in self._queues and self._thread is not None and self._thread.is_alive():
+        if queue in self._stops:
             return
         with self._lock:
-            self._queues.add(queue)
-            self._due.setdefault(queue, time.monotonic() + queue.heartbeat_ms / 1000)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="belayq-lease-keeper", daemon=True
-                )
-                self._thread.start()
-        self._wake.set()
+            if queue in self._stops:
+                return
+            stop = threading.Event()
+            self._stops[queue] = stop
+            threading.Thread(
+                target=self._run,
+                args=(weakref.ref(queue), stop),
+                name="belayq-lease-keeper",
+                daemon=True,
+            ).start()
 
     def unregister(self, queue: KeptQueue) -> None:
+        """Stop keeping ``queue``'s leases."""
         with self._lock:
-            self._queues.discard(queue)
-            self._due.pop(queue, None)
+            stop = self._stops.pop(queue, None)
+        if stop is not None:
+            stop.set()
 
-    def _run(self) -> None:
+    def _run(self, ref: weakref.ref[KeptQueue], stop: threading.Event) -> None:
         while True:
-            with self._lock:
-                queues = list(self._queues)
-            now = time.monotonic()
-            next_at = now + 1.0
-            for q in queues:
-                due = self._due.get(q, now)
-                if due <= now:
-                    try:
-                        q.heartbeat()
-                    except Exception:  # a Redis blip must not kill the keeper
-                        log.warning(
-                            "lease heartbeat failed; retrying",
-                            exc_info=log.isEnabledFor(logging.DEBUG),
-                        )
-                    due = time.monotonic() + q.heartbeat_ms / 1000
-                    with self._lock:
-                        if q in self._queues:
-                            self._due[q] = due
-                next_at = min(next_at, due)
+            queue = ref()
+            if queue is None:
+                return
+            period = queue.heartbeat_ms / 1000
+            del queue
+            if stop.wait(period):
+                return
+            queue = ref()
+            if queue is None:
+                return
+            try:
+                queue.heartbeat()
+            except Exception as exc:  # a Redis blip must not kill the keeper
+                log.warning("lease heartbeat failed; retrying: %s", exc)
             self.ticks += 1
-            self._wake.wait(max(0.0, next_at - time.monotonic()))
-            self._wake.clear()
+            del queue
 
     def _after_fork(self) -> None:
-        # The thread does not survive a fork; a child that claims starts its own.
-        self._queues = weakref.WeakSet()
-        self._due = weakref.WeakKeyDictionary()
+        # Threads do not survive a fork; a child that claims starts its own.
+        self._stops = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._thread = None
 
 
 KEEPER = LeaseKeeper()

@@ -21,12 +21,16 @@ after ``lease_ms`` if this process dies. A connection that cannot be unblocked (
 permission for CLIENT UNBLOCK, an error mid-way) is closed instead, with the same
 guarantee.
 
-Clients without plain sockets fall back to something slower but correct:
+On Redis Cluster the same is done with the connection pool of each queue's node (all keys
+of one queue share a slot); a redirection (MOVED/ASK during a resharding) ends the round
+as if nothing came, and the next non-blocking try refreshes the slot map.
 
-* Redis Cluster, TLS connections: BLMOVE on the highest-priority queue in slices of
-  ``FALLBACK_SLICE_S`` and a non-blocking try of every queue between slices. Pickup is
-  immediate on the first queue and takes up to one slice (plus a few round trips) on the
-  others.
+Clients without plain TCP or Unix sockets fall back to something slower but correct:
+
+* TLS connections: BLMOVE on the highest-priority queue in slices of ``FALLBACK_SLICE_S``
+  and a non-blocking try of every queue between slices. Pickup is immediate on the first
+  queue; on the others it waits for the slice to end, which Redis rounds up to its timer
+  period (100 ms at the default ``hz 10``).
 * fakeredis (its blocking commands return at once): a non-blocking try of every queue,
   then a sleep of ``FALLBACK_SLICE_S``; pickup takes up to one slice on every queue.
 """
@@ -86,7 +90,7 @@ def claim_any(
 def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -> list[Delivery]:
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
     mode = _wait_mode(queues)
-    if mode == "select" and len(queues) == 1:
+    if mode == "select" and len(queues) == 1 and not client_info.is_cluster(queues[0].client):
         return queues[0].claim(timeout, count)
     while True:
         got, due_ms = _try_each(queues, count)
@@ -138,22 +142,33 @@ def _lease_all(
 
 
 def _wait_mode(queues: Sequence[ReliableQueue]) -> str:
-    """``select`` (plain sockets), ``slices`` (cluster, TLS) or ``sleep`` (fakeredis)."""
+    """``select`` (plain sockets), ``slices`` (TLS) or ``sleep`` (fakeredis)."""
     modes = set()
     for q in queues:
         client = q.client
         if type(client).__module__.split(".")[0] == "fakeredis":
             modes.add("sleep")
         elif client_info.is_cluster(client):
-            modes.add("slices")
+            tls = bool(client_info.connection_kwargs(client).get("ssl"))
+            modes.add("slices" if tls else "select")
         else:
             conn_class = getattr(client.connection_pool, "connection_class", None)
-            ssl = conn_class is not None and "SSL" in conn_class.__name__
-            modes.add("slices" if ssl else "select")
+            tls = conn_class is not None and "SSL" in conn_class.__name__
+            modes.add("slices" if tls else "select")
     for mode in ("sleep", "slices"):
         if mode in modes:
             return mode
     return "select"
+
+
+def _node_client(q: ReliableQueue) -> Any:
+    """The client of the server that holds ``q``'s keys (the queue's own client, or on a
+    cluster the client of the node that serves its slot)."""
+    client = q.client
+    if client_info.is_cluster(client):
+        node = client.get_node_from_key(q.keys.ready)
+        return client.get_redis_connection(node)
+    return client
 
 
 def _wait_first(q: ReliableQueue, wait: float) -> list[tuple[int, bytes]]:
@@ -167,7 +182,8 @@ class _Waiter:
     def __init__(self, index: int, queue: ReliableQueue) -> None:
         self.index = index
         self.queue = queue
-        self.pool: Any = queue.client.connection_pool
+        self.client: Any = _node_client(queue)
+        self.pool: Any = self.client.connection_pool
         self.conn: Any = None
         self.client_id: int | None = None
         self.pending = False  # a BLMOVE reply is still to be read
@@ -194,7 +210,10 @@ class _Waiter:
         return bool(self.conn.can_read(timeout=0))
 
     def read(self) -> bytes | None:
-        reply = self.conn.read_response()
+        try:
+            reply = self.conn.read_response()
+        except redis.ResponseError:  # MOVED/ASK mid-resharding: the next try re-routes
+            reply = None
         self.pending = False
         return None if reply is None else bytes(reply)
 
@@ -251,9 +270,9 @@ def _cancel(waiters: list[_Waiter], entries: list[tuple[int, bytes]]) -> None:
     pending = [w for w in waiters if w.pending and w.client_id is not None]
     by_client: dict[int, list[_Waiter]] = {}
     for w in pending:
-        by_client.setdefault(id(w.queue.client), []).append(w)
+        by_client.setdefault(id(w.client), []).append(w)
     for group in by_client.values():
-        pipe = group[0].queue.client.pipeline(transaction=False)
+        pipe = group[0].client.pipeline(transaction=False)
         for w in group:
             pipe.execute_command("CLIENT", "UNBLOCK", w.client_id)
         try:

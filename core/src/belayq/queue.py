@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import dataclasses
 import functools
 import logging
@@ -176,16 +177,16 @@ class ReliableQueue:
         Returns:
             The message id.
         """
-        reply = self._scripts.run(
-            "publish", *self._publish_args(payload, priority, delay_ms, dedup_id)
-        )
+        args = self._publish_args(payload, priority, delay_ms, dedup_id)
+        reply = self._scripts.run("publish", *args, request_id=str(args[0]))
         return _text(reply[0])
 
     @_redis_errors
     def publish_many(self, payloads: Iterable[bytes | str], *, priority: int = 0) -> list[str]:
         """Publish many messages in one pipeline; returns their ids in order."""
         calls = [self._publish_args(p, priority, 0, None) for p in payloads]
-        return [_text(r[0]) for r in self._scripts.run_many("publish", calls)]
+        rids = [str(c[0]) for c in calls]
+        return [_text(r[0]) for r in self._scripts.run_many("publish", calls, rids)]
 
     # -- consuming -------------------------------------------------------------------
 
@@ -232,7 +233,7 @@ class ReliableQueue:
         """
         _check_count(count)
         self._keep()
-        reply = self._scripts.run("claim", *self._claim_args(count))
+        reply = self._scripts.run("claim", *self._claim_args(count), request_id=_fresh_id())
         return self._take(reply[1:]), int(reply[0])
 
     def blmove_command(self, timeout: float) -> tuple[str | float, ...]:
@@ -260,7 +261,8 @@ class ReliableQueue:
         """
         _check_count(count)
         self._keep()
-        reply = self._scripts.run("lease", *self._claim_args(count)[:3], entry)
+        args = [*self._claim_args(count)[:3], entry]
+        reply = self._scripts.run("lease", *args, request_id=_fresh_id())
         return self._take(reply[2:]), int(reply[0])
 
     def _keep(self) -> None:
@@ -327,7 +329,8 @@ class ReliableQueue:
         if not deliveries:
             return []
         with self._settling(deliveries):
-            reply = self._scripts.run("ack", *self._pairs(deliveries))
+            pairs = self._pairs(deliveries)
+            reply = self._scripts.run("ack", *pairs, request_id=_digest("ack", pairs))
         return [bool(int(x)) for x in reply]
 
     def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
@@ -335,7 +338,8 @@ class ReliableQueue:
         trip of its own). The scripts must be loaded (they are, from construction on);
         the reply, one 1/0 per claim, comes with the pipeline's results."""
         self._forget(deliveries)
-        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
+        pairs = self._pairs(deliveries)
+        self._scripts.queue_on(pipeline, "ack", *pairs, request_id=_digest("ack", pairs))
 
     @_redis_errors
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
@@ -353,14 +357,16 @@ class ReliableQueue:
         if delay_ms is None:
             delay_ms = self.backoff_ms(delivery.deliveries)
         with self._settling([delivery]):
-            reply = self._scripts.run("nack", delivery.id, delivery.token, delay_ms, reason, "0")
+            args: list[Arg] = [delivery.id, delivery.token, delay_ms, reason, "0"]
+            reply = self._scripts.run("nack", *args, request_id=_digest("nack", args))
         return _text(reply)
 
     @_redis_errors
     def dead_letter(self, delivery: Delivery, reason: str) -> bool:
         """Dead-letter a claim now (a malformed or unknown message). False if stale."""
         with self._settling([delivery]):
-            reply = self._scripts.run("nack", delivery.id, delivery.token, 0, reason, "1")
+            args: list[Arg] = [delivery.id, delivery.token, 0, reason, "1"]
+            reply = self._scripts.run("nack", *args, request_id=_digest("bury", args))
         return _text(reply) == "dead"
 
     def backoff_ms(self, deliveries: int) -> int:
@@ -387,7 +393,8 @@ class ReliableQueue:
         if not deliveries:
             return 0
         with self._settling(deliveries):
-            released = int(self._scripts.run("release", *self._pairs(deliveries)))
+            pairs = self._pairs(deliveries)
+            released = int(self._scripts.run("release", *pairs, request_id=_digest("rel", pairs)))
         return released
 
     # -- upkeep ----------------------------------------------------------------------
@@ -467,6 +474,18 @@ class ReliableQueue:
 
     def __repr__(self) -> str:
         return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"
+
+
+def _fresh_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _digest(kind: str, args: Sequence[Arg]) -> str:
+    """A request id for a settle call: the same call (a retry) gets the same id."""
+    h = hashlib.blake2b(kind.encode(), digest_size=16)
+    for a in args:
+        h.update(b"\0" + (a if isinstance(a, bytes) else str(a).encode()))
+    return h.hexdigest()
 
 
 def _check_count(count: int) -> None:

@@ -76,23 +76,23 @@ class ScriptRunner:
         self.config = config
         self.skew_ms = 0  # tests move the queue's clock with this; always 0 in production
 
-    def common_args(self) -> list[Arg]:
+    def common_args(self, request_id: str = "") -> list[Arg]:
         c = self.config
-        return [
-            self.skew_ms,
-            "1" if c.payload_in_list else "0",
-            c.max_deliveries,
-            c.dead_letter_max,
-        ]
+        inline = "1" if c.payload_in_list else "0"
+        return [self.skew_ms, inline, c.max_deliveries, c.dead_letter_max, request_id]
 
     def load_all(self) -> None:
         """Load every script into the server's cache (on every primary of a cluster)."""
         for name in SCRIPT_NAMES:
             self.client.script_load(source(name))
 
-    def run(self, name: str, *args: Arg) -> Any:
-        """Run script ``name`` with the queue's keys; reload it once on NOSCRIPT."""
-        argv = [*self.common_args(), *args]
+    def run(self, name: str, *args: Arg, request_id: str = "") -> Any:
+        """Run script ``name`` with the queue's keys; reload it once on NOSCRIPT.
+
+        A ``request_id`` makes a re-sent call (after a dropped connection) return the first
+        run's reply instead of running again; see ``lua/lib/common.lua``.
+        """
+        argv = [*self.common_args(request_id), *args]
         n = len(self.keys_vector)
         try:
             return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
@@ -100,14 +100,15 @@ class ScriptRunner:
             self.client.script_load(source(name))
             return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
 
-    def queue_on(self, pipeline: Any, name: str, *args: Arg) -> None:
+    def queue_on(self, pipeline: Any, name: str, *args: Arg, request_id: str = "") -> None:
         """Queue script ``name`` on the caller's pipeline (EVALSHA; no SCRIPT EXISTS)."""
         n = len(self.keys_vector)
-        pipeline.execute_command(
-            "EVALSHA", sha(name), n, *self.keys_vector, *self.common_args(), *args
-        )
+        common = self.common_args(request_id)
+        pipeline.execute_command("EVALSHA", sha(name), n, *self.keys_vector, *common, *args)
 
-    def run_many(self, name: str, calls: Sequence[Sequence[Arg]]) -> list[Any]:
+    def run_many(
+        self, name: str, calls: Sequence[Sequence[Arg]], request_ids: Sequence[str]
+    ) -> list[Any]:
         """Run script ``name`` once per argument list in one pipeline (no transaction).
 
         Commands that failed with NOSCRIPT are rerun after a reload; the others are not,
@@ -115,7 +116,6 @@ class ScriptRunner:
         """
         if not calls:
             return []
-        common = self.common_args()
         n = len(self.keys_vector)
         results: list[Any] = [None] * len(calls)
         pending = list(range(len(calls)))
@@ -124,6 +124,7 @@ class ScriptRunner:
             for i in pending:
                 # execute_command: redis-py's ClusterPipeline blocks the evalsha method
                 # but routes a raw EVALSHA by its keys.
+                common = self.common_args(request_ids[i])
                 pipe.execute_command("EVALSHA", sha(name), n, *self.keys_vector, *common, *calls[i])
             replies = pipe.execute(raise_on_error=False)
             retry = []

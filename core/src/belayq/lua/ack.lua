@@ -1,14 +1,17 @@
 -- ack.lua: settle claims for good: remove from processing and leases, delete the message.
 --
 -- KEYS: the common vector (lib/common.lua).
--- ARGV[5..] pairs of (id, token), one per claim to ack.
+-- ARGV[6..] pairs of (id, token), one per claim to ack.
 -- Returns one integer per pair: 1 acked, 0 refused (stale or unknown token; counted in
 -- stats.stale_acks and changes nothing).
 -- @include common
 
+local earlier = earlier_reply()
+if earlier then return earlier end
+
 local out = {}
 local acked, stale = 0, 0
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local m = mkey(id)
   if token ~= '0' and redis.call('HGET', m, 't') == token then
@@ -24,4 +27,4 @@ for i = 5, #ARGV, 2 do
 end
 count('acked', acked)
 count('stale_acks', stale)
-return out
+return remember(out)

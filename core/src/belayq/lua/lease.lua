@@ -7,16 +7,19 @@
 -- the entry went back to ready and this script answers lost: the claimer must not run it.
 --
 -- KEYS: the common vector (lib/common.lua).
--- ARGV[5] lease_ms, ARGV[6] count, ARGV[7] floor_every: as in claim.lua
--- ARGV[8] entry         the element BLMOVE returned
+-- ARGV[6] lease_ms, ARGV[7] count, ARGV[8] floor_every: as in claim.lua
+-- ARGV[9] entry         the element BLMOVE returned
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, ...}; lost is 1 when the
 -- BLMOVE-d entry could not be leased (swept back, or a copy already in flight).
 -- @include common
 
-local lease_ms = tonumber(ARGV[5])
-local want = tonumber(ARGV[6])
-local floor_every = tonumber(ARGV[7])
-local entry = ARGV[8]
+local earlier = earlier_reply()
+if earlier then return replay_claim(earlier, 2) end
+
+local lease_ms = tonumber(ARGV[6])
+local want = tonumber(ARGV[7])
+local floor_every = tonumber(ARGV[8])
+local entry = ARGV[9]
 local now = now_ms()
 
 local out = {0, 0}
@@ -37,4 +40,4 @@ end
 if want > 0 then claim_ready(want, now, lease_ms, floor_every, out) end
 fix_door()
 out[1] = next_due_in(now)
-return out
+return remember_claim(out, 2)

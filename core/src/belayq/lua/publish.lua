@@ -2,21 +2,24 @@
 --
 -- KEYS: the common vector (lib/common.lua); writes the ready list of the message's level,
 --   `delayed`, `stats`, the message hash and the dedup key.
--- ARGV[5] id            message id chosen by the client (ignored in inline mode: sha1 of payload)
--- ARGV[6] payload       bytes
--- ARGV[7] level         1-based priority level
--- ARGV[8] delay_ms      0 = ready now; > 0 = due after that many ms (server clock)
--- ARGV[9] dedup_id      '' = no dedup; else a publish with the same dedup id within the
+-- ARGV[6] id            message id chosen by the client (ignored in inline mode: sha1 of payload)
+-- ARGV[7] payload       bytes
+-- ARGV[8] level         1-based priority level
+-- ARGV[9] delay_ms      0 = ready now; > 0 = due after that many ms (server clock)
+-- ARGV[10] dedup_id      '' = no dedup; else a publish with the same dedup id within the
 --                       window returns the first message's id and stores nothing
--- ARGV[10] dedup_window_ms
+-- ARGV[11] dedup_window_ms
 -- Returns {id, created} where created is 1, or 0 when the dedup id suppressed the publish.
 -- @include common
 
-local id = ARGV[5]
-local payload = ARGV[6]
-local lvl = tonumber(ARGV[7])
-local delay_ms = tonumber(ARGV[8])
-local dedup_id = ARGV[9]
+local earlier = earlier_reply()
+if earlier then return earlier end
+
+local id = ARGV[6]
+local payload = ARGV[7]
+local lvl = tonumber(ARGV[8])
+local delay_ms = tonumber(ARGV[9])
+local dedup_id = ARGV[10]
 local now = now_ms()
 
 if inline then id = id_of(payload) end
@@ -26,9 +29,9 @@ if dedup_id ~= '' then
   local first = redis.call('GET', dkey)
   if first then
     count('deduplicated', 1)
-    return {first, 0}
+    return remember({first, 0})
   end
-  redis.call('SET', dkey, id, 'PX', tonumber(ARGV[10]))
+  redis.call('SET', dkey, id, 'PX', tonumber(ARGV[11]))
 end
 
 local m = mkey(id)
@@ -45,4 +48,4 @@ else
   fix_door()
 end
 count('published', 1)
-return {id, 1}
+return remember({id, 1})

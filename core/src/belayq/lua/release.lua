@@ -2,13 +2,16 @@
 -- (clean shutdown). The delivery does not count: the deliveries counter goes back down.
 --
 -- KEYS: the common vector (lib/common.lua).
--- ARGV[5..] pairs of (id, token)
+-- ARGV[6..] pairs of (id, token)
 -- Returns the number released; stale pairs are refused and counted in stats.stale_acks.
 -- @include common
 
+local earlier = earlier_reply()
+if earlier then return tonumber(earlier[1]) end
+
 local now = now_ms()
 local released, stale = 0, 0
-for i = #ARGV - 1, 5, -2 do
+for i = #ARGV - 1, 6, -2 do
   local id, token = ARGV[i], ARGV[i + 1]
   local m = mkey(id)
   if token ~= '0' and redis.call('HGET', m, 't') == token then
@@ -24,4 +27,5 @@ end
 fix_door()
 count('released', released)
 count('stale_acks', stale)
+remember({released})
 return released

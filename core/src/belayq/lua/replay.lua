@@ -2,18 +2,18 @@
 -- delivery count.
 --
 -- KEYS: the common vector (lib/common.lua).
--- ARGV[5] limit         how many to replay when no ids are given (oldest first)
--- ARGV[6..] ids         the dead letters to replay; none = the oldest `limit`
+-- ARGV[6] limit         how many to replay when no ids are given (oldest first)
+-- ARGV[7..] ids         the dead letters to replay; none = the oldest `limit`
 -- Returns the number replayed (ids not in the dead-letter list are skipped).
 -- @include common
 
 local ids = {}
-if #ARGV >= 6 then
-  for i = 6, #ARGV do
+if #ARGV >= 7 then
+  for i = 7, #ARGV do
     if redis.call('LREM', dead, 1, ARGV[i]) > 0 then ids[#ids + 1] = ARGV[i] end
   end
 else
-  local limit = tonumber(ARGV[5])
+  local limit = tonumber(ARGV[6])
   while #ids < limit do
     local id = redis.call('RPOP', dead)
     if not id then break end

@@ -10,15 +10,15 @@
 -- With guard_ms > 0 it runs at most once per guard_ms fleet-wide (SET NX PX on KEYS[6]).
 --
 -- KEYS: the common vector (lib/common.lua).
--- ARGV[5] limit         bound on expired leases and delayed promotions handled per run
--- ARGV[6] guard_ms      0 = always run; else the fleet-wide period
--- ARGV[7] grace_ms      length of a provisional lease (ms)
+-- ARGV[6] limit         bound on expired leases and delayed promotions handled per run
+-- ARGV[7] guard_ms      0 = always run; else the fleet-wide period
+-- ARGV[8] grace_ms      length of a provisional lease (ms)
 -- Returns {ran, reclaimed, dead_lettered, adopted, promoted, orphans_found}.
 -- @include common
 
-local limit = tonumber(ARGV[5])
-local guard_ms = tonumber(ARGV[6])
-local grace_ms = tonumber(ARGV[7])
+local limit = tonumber(ARGV[6])
+local guard_ms = tonumber(ARGV[7])
+local grace_ms = tonumber(ARGV[8])
 if guard_ms > 0 and not redis.call('SET', guard, '1', 'NX', 'PX', guard_ms) then
   return {0, 0, 0, 0, 0, 0}
 end

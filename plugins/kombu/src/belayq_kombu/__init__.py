@@ -1,1 +1,29 @@
-"""belayq as a kombu transport (work in progress)."""
+"""belayq as a kombu transport: Celery's ``broker_url = "belayq://host:6379/0"``.
+
+Importing this package registers the ``belayq`` and ``belayqs`` (TLS) URL schemes with
+kombu. Without the import, ``broker_transport = "belayq_kombu:Transport"`` (with a
+``redis://`` URL) selects the transport by its class path.
+"""
+
+from __future__ import annotations
+
+from kombu.transport import TRANSPORT_ALIASES
+
+from .transport import Channel, QoS, SSLTransport, Transport
+
+#: URL scheme -> transport class path. kombu 5.7 allows letters, digits and '-' in schemes.
+SCHEMES = {
+    "belayq": "belayq_kombu.transport:Transport",
+    "belayqs": "belayq_kombu.transport:SSLTransport",
+}
+
+
+def register() -> None:
+    """Register the URL schemes in kombu's transport aliases (idempotent)."""
+    for scheme, path in SCHEMES.items():
+        TRANSPORT_ALIASES.setdefault(scheme, path)
+
+
+register()
+
+__all__ = ["SCHEMES", "Channel", "QoS", "SSLTransport", "Transport", "register"]

@@ -83,6 +83,12 @@ class Claims:
     def __len__(self) -> int:
         return len(self._claims)
 
+    def abandon(self, tag: Any) -> None:
+        """Stop extending a claim without settling it; it comes back after its lease."""
+        claim = self.pop(tag)
+        if claim is not None:
+            abandon(claim[0], [claim[1]])
+
     def ack(self, tag: Any) -> None:
         """Settle for good. A stale token (lease lost, redelivered elsewhere) is logged."""
         claim = self.pop(tag)

@@ -1,14 +1,14 @@
 """The I/O side of the transport: one blocking claim per consumed queue, plus pub/sub.
 
 Each queue a channel consumes gets its own Redis connection (a :class:`Waiter`) on which the
-core's BLMOVE is sent without waiting for the reply; the poller watches the sockets, with
+core's blocking claim command is sent without waiting for the reply; the poller watches the sockets, with
 Celery's event loop (the hub) or, without one, with its own ``poll()``. When a reply is
 readable the waiting channel reads it and hands the entry to the core's ``lease_claimed``,
 which registers the lease and claims more ready messages in the same script, up to the
 channel's prefetch credit. Fanout queues use the stock transport's PSUBSCRIBE connection.
 
-A BLMOVE is only sent while the channel has credit. A reply that arrives after the credit
-ran out is leased and released straight back (uncounted), never dropped. Between BLMOVE and
+A blocking claim is only sent while the channel has credit. A reply that arrives after the credit
+ran out is leased and released straight back (uncounted), never dropped. Between the blocking claim and
 ``lease_claimed`` the entry sits in the core's processing list, where the sweep finds it if
 this process dies: no step loses a message.
 """
@@ -68,7 +68,7 @@ class Waiter:
         self.sent_at = monotonic()
 
     def read(self) -> bytes | None:
-        """The BLMOVE reply (an entry, or None on timeout)."""
+        """The blocking claim's reply (an entry, or None on timeout)."""
         try:
             reply = self.conn.read_response()
         except Exception:
@@ -79,9 +79,9 @@ class Waiter:
         return reply if reply is None else bytes(reply)
 
     def close(self, unblock: Callable[[int], Any] | None) -> bytes | None:
-        """Stop waiting; returns an entry the pending BLMOVE had already taken, if any.
+        """Stop waiting; returns an entry the pending claim had already taken, if any.
 
-        ``unblock`` (CLIENT UNBLOCK on another connection) makes a waiting BLMOVE return
+        ``unblock`` (CLIENT UNBLOCK on another connection) makes a waiting claim return
         at once instead of after its timeout.
         """
         conn, self.conn = self.conn, None
@@ -187,7 +187,7 @@ class Poller:
         self.maybe_adopt(force=True)
 
     def on_poll_start(self) -> None:
-        """Send a BLMOVE for every consumed queue that has none pending, if credit allows;
+        """Send a blocking claim for every consumed queue that has none pending, if credit allows;
         subscribe fanout queues."""
         for channel in list(self._channels):
             if channel.active_queues and channel.qos.can_consume():
@@ -242,8 +242,11 @@ class Poller:
         try:
             self.on_poll_start()
             for fd, event in self.poller.poll(timeout) or ():
+                listen = self._fds.get(fd, (None, None))[1] == LISTEN
                 handled = self.handle_event(fd, event)
-                if handled and handled[0]:
+                # Like the stock transport, any pub/sub event ends the wait (a subscribe
+                # confirmation too); a claim that timed out does not.
+                if handled and (handled[0] or listen):
                     return
             self.maybe_sweep()
             self.maybe_adopt()
@@ -287,20 +290,20 @@ class Poller:
         for channel in list(self._channels):
             if channel.active_queues:
                 try:
-                    channel.adopt_stock_unacked()
+                    channel.adopt_stock()
                 except (redis.ConnectionError, redis.TimeoutError, ConnectionError):
                     log.debug("adoption skipped: Redis unreachable", exc_info=True)
                 return
 
     def maybe_check_health(self) -> None:
-        """Drop claim connections whose BLMOVE reply is overdue (a half-open socket), and
+        """Drop claim connections whose blocking claim is overdue (a half-open socket), and
         ping the pub/sub connections."""
         now = monotonic()
         for channel in list(self._channels):
             for waiter in channel.waiters(create=False):
                 overdue = channel.brpop_timeout + (channel.health_check_interval or 25)
                 if waiter.sent_at is not None and now - waiter.sent_at > overdue and waiter.conn:
-                    log.warning("BLMOVE on %s got no reply for %.0f s; reconnecting",
+                    log.warning("the blocking claim on %s got no reply for %.0f s; reconnecting",
                                 waiter.queue, now - waiter.sent_at)
                     waiter.conn.disconnect()
             client = channel.__dict__.get("subclient")

@@ -1,1 +1,13 @@
-"""belayq under RQ (work in progress)."""
+"""belayq under RQ: a worker killed with kill -9, or a work horse killed by the OOM killer,
+gets its job run again by another worker within the lease, instead of a FAILED
+``AbandonedJobError`` minutes later.
+
+Use ``rq worker -w belayq_rq.Worker`` (or ``belayq_rq.SimpleWorker``), or build
+``belayq_rq.Queue`` / ``belayq_rq.Worker`` in code. Producers need no change.
+"""
+
+from .queue import Queue
+from .worker import BelayqWorkerMixin, HerokuWorker, SimpleWorker, Worker
+
+__all__ = ["BelayqWorkerMixin", "HerokuWorker", "Queue", "SimpleWorker", "Worker"]
+__version__ = "0.1.0"

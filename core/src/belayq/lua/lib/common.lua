@@ -11,12 +11,17 @@
 -- Per-message hashes '<base>m:<id>' and dedup keys '<base>dedup:<dedup id>' are derived
 -- from KEYS[1] ('<base>processing'), so they share its hash tag and slot.
 --
--- ARGV, the same first four for every script:
+-- ARGV, the same first five for every script:
 --   ARGV[1]  skew_ms         added to the server clock; 0 except in tests that move time
 --   ARGV[2]  inline          '1': list entries are the payloads themselves (id = sha1 of the
 --                            entry); '0': entries are ids, payloads live in the message hash
 --   ARGV[3]  max_deliveries  deliveries after which a failed message is dead-lettered
 --   ARGV[4]  dead_max        cap of the dead-letter list
+--   ARGV[5]  request_id      '' or an id the client gives a non-idempotent call (publish,
+--                            claim, lease, ack, nack, release); the reply is kept for
+--                            REPLY_TTL_MS under '<base>r:<request id>' so that a re-sent
+--                            call (redis-py retries after a dropped connection) gets the
+--                            first reply instead of running twice
 -- Script-specific arguments start at ARGV[5].
 --
 -- Message hash fields: p payload (in inline mode: the list entry), l level (1-based),
@@ -37,6 +42,8 @@ local skew_ms = tonumber(ARGV[1])
 local inline = ARGV[2] == '1'
 local max_deliveries = tonumber(ARGV[3])
 local dead_max = tonumber(ARGV[4])
+local request_id = ARGV[5]
+local REPLY_TTL_MS = 15000
 
 -- A bell wakes blocked claimers when work sits only in lower levels (see fix_door).
 local BELL = '\0belayq:bell'
@@ -82,6 +89,75 @@ end
 
 local function count(field, by)
   if by ~= 0 then redis.call('HINCRBY', stats, field, by) end
+end
+
+-- Replies are kept as length-prefixed strings: '<len>:<bytes>' per element.
+local function pack(t)
+  local parts = {}
+  for i, v in ipairs(t) do
+    v = tostring(v)
+    parts[i] = #v .. ':' .. v
+  end
+  return table.concat(parts)
+end
+
+local function unpack_reply(s)
+  local out, pos = {}, 1
+  while pos <= #s do
+    local colon = string.find(s, ':', pos, true)
+    local n = tonumber(string.sub(s, pos, colon - 1))
+    out[#out + 1] = string.sub(s, colon + 1, colon + n)
+    pos = colon + n + 1
+  end
+  return out
+end
+
+-- The reply of an earlier run of this very request, or nil.
+local function earlier_reply()
+  if request_id == '' then return nil end
+  local s = redis.call('GET', base .. 'r:' .. request_id)
+  if not s then return nil end
+  count('repeated_requests', 1)
+  return unpack_reply(s)
+end
+
+local function remember(reply)
+  if request_id ~= '' then
+    redis.call('SET', base .. 'r:' .. request_id, pack(reply), 'PX', REPLY_TTL_MS)
+  end
+  return reply
+end
+
+-- Claim replies are {header..., id, payload, token, deliveries, ...}; they are kept
+-- without payloads, which a repeat reads back from the message hashes (a claim no longer
+-- held under that token is left out).
+local function remember_claim(out, header)
+  if request_id == '' then return out end
+  local kept = {}
+  for i = 1, header do kept[i] = out[i] end
+  for i = header + 1, #out, 4 do
+    kept[#kept + 1] = out[i]
+    kept[#kept + 1] = out[i + 2]
+    kept[#kept + 1] = out[i + 3]
+  end
+  remember(kept)
+  return out
+end
+
+local function replay_claim(kept, header)
+  local out = {}
+  for i = 1, header do out[i] = tonumber(kept[i]) end
+  for i = header + 1, #kept, 3 do
+    local id, token = kept[i], kept[i + 1]
+    local held = redis.call('HMGET', base .. 'm:' .. id, 't', 'p')
+    if held[1] == token and held[2] then
+      out[#out + 1] = id
+      out[#out + 1] = held[2]
+      out[#out + 1] = token
+      out[#out + 1] = tonumber(kept[i + 2])
+    end
+  end
+  return out
 end
 
 -- Keep "level 1 empty => nothing ready anywhere" true for blocked claimers: when level 1
@@ -204,8 +280,15 @@ local function lease_entry(entry, lvl, now, lease_ms)
   local held = redis.call('HMGET', m, 't', 'p')
   local current = held[1]
   if current and current ~= '0' then
-    redis.call('LREM', processing, 1, entry)
-    count('duplicates_dropped', 1)
+    -- Already leased. A second copy of the entry sits in processing only when the list
+    -- held it twice; otherwise this claimer lost its entry to the sweep and the one in
+    -- processing is the current holder's.
+    if #redis.call('LPOS', processing, entry, 'COUNT', 2) > 1 then
+      redis.call('LREM', processing, 1, entry)
+      count('duplicates_dropped', 1)
+    else
+      count('lost_claims', 1)
+    end
     return nil
   end
   local payload = entry

@@ -1,0 +1,116 @@
+"""``python -m belayq_kombu``: inspect queues, replay dead letters, roll back to stock.
+
+Every command opens the queues through the transport itself, so it finds the same lists a
+worker with the same URL and options uses::
+
+    python -m belayq_kombu stats        --url belayq://host:6379/0 --queue celery
+    python -m belayq_kombu dead-letters --url ... --queue celery [--limit 20]
+    python -m belayq_kombu replay       --url ... --queue celery [--limit 1000]
+    python -m belayq_kombu rollback     --url ... --queue celery [--dead] [--wait 60]
+
+``rollback`` is for going back to the stock ``redis://`` transport: stop the belayq workers
+first. belayq's ready lists already are kombu's lists, so waiting messages need nothing; the
+command returns what is in flight (leased by workers that are gone) to those lists as soon
+as the leases run out, and with ``--dead`` puts the dead letters back too. It exits 1 if
+something is still leased when ``--wait`` runs out (a belayq worker is still running).
+Transport options (``-o visibility_timeout=30``, values parsed as JSON) must match the
+workers' ``broker_transport_options`` where they name lists (``global_keyprefix``,
+``priority_steps``, ``sep``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import kombu
+
+from . import register
+
+
+def _options(pairs: Sequence[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"-o wants name=value, got {pair!r}")
+        try:
+            out[name] = json.loads(raw)
+        except ValueError:
+            out[name] = raw
+    return out
+
+
+def _connection(args: argparse.Namespace) -> kombu.Connection:
+    register()
+    url = args.url
+    if url.startswith(("redis://", "rediss://")):
+        return kombu.Connection(url, transport="belayq_kombu:Transport",
+                                transport_options=_options(args.option))
+    return kombu.Connection(url, transport_options=_options(args.option))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m belayq_kombu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("stats", "dead-letters", "replay", "rollback"):
+        p = sub.add_parser(name)
+        p.add_argument("--url", required=True, help="belayq://host:port/db (or redis://...)")
+        p.add_argument("--queue", action="append", required=True, help="kombu queue name")
+        p.add_argument("-o", "--option", action="append", default=[], help="transport option")
+        if name in ("dead-letters", "replay"):
+            p.add_argument("--limit", type=int, default=20 if name == "dead-letters" else 1000)
+        if name == "rollback":
+            p.add_argument("--dead", action="store_true", help="replay dead letters too")
+            p.add_argument("--wait", type=float, default=None,
+                           help="seconds to wait for leases to run out (default: lease + 5)")
+    args = parser.parse_args(argv)
+    with _connection(args) as conn:
+        channel = conn.default_channel
+        queues = {name: channel.queue(name) for name in args.queue}
+        if args.command == "stats":
+            for name, rq in queues.items():
+                print(name, json.dumps(rq.stats(), sort_keys=True))
+        elif args.command == "dead-letters":
+            for name, rq in queues.items():
+                for d in rq.dead_letters(args.limit):
+                    print(json.dumps({"queue": name, "id": d.id, "reason": d.reason,
+                                      "deliveries": d.deliveries, "dead_at_ms": d.dead_at_ms,
+                                      "payload": (d.payload or b"")[:200].decode("utf-8", "replace")}))
+        elif args.command == "replay":
+            for name, rq in queues.items():
+                print(f"{name}: replayed {rq.replay_dead(limit=args.limit)}")
+        else:
+            return _rollback(queues, args.dead, args.wait)
+    return 0
+
+
+def _rollback(queues: dict[str, Any], dead: bool, wait: float | None) -> int:
+    lease_s = max(rq.config.lease_ms for rq in queues.values()) / 1000
+    deadline = time.monotonic() + (lease_s * 2 + 5 if wait is None else wait)
+    left: dict[str, int] = {}
+    while True:
+        for name, rq in queues.items():
+            rq.sweep()
+            s = rq.stats()
+            left[name] = s["in_flight"] + s["delayed"]
+        if not any(left.values()) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    status = 0
+    for name, rq in queues.items():
+        replayed = rq.replay_dead(limit=10**9) if dead else 0
+        s = rq.stats()
+        print(f"{name}: {s['ready']} ready in kombu's lists, {left[name]} still leased, "
+              f"{replayed} dead letters replayed, {s['dead']} dead letters kept")
+        if left[name]:
+            status = 1
+    if status:
+        print("some messages are still leased: stop every belayq worker, then run rollback "
+              "again (or pass a longer --wait)", file=sys.stderr)
+    return status

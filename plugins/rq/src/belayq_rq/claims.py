@@ -1,0 +1,81 @@
+"""The link between RQ's objects and the core: one ReliableQueue per RQ queue and client,
+and the claim a dequeued job carries to the code that settles it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rq.job import Job
+
+from belayq import Delivery, ReliableQueue
+
+_ATTR = "_belayq_claim"
+_CACHE_ATTR = "_belayq_rq_cores"
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A job's current delivery and the core queue it came from.
+
+    Attributes:
+        core: The core queue behind the RQ queue the job was claimed from.
+        delivery: The delivery: its fencing token and how many times the job was claimed.
+        max_deliveries: Deliveries after which a lost attempt fails the job for good.
+    """
+
+    core: ReliableQueue
+    delivery: Delivery
+    max_deliveries: int
+
+
+def attach(job: Job, claim: Claim) -> None:
+    """Let the job carry its claim into the work horse (a fork copies it)."""
+    setattr(job, _ATTR, claim)
+
+
+def claim_of(job: Job) -> Claim | None:
+    """The claim a job was dequeued with, None when it did not come through belayq."""
+    claim = getattr(job, _ATTR, None)
+    return claim if isinstance(claim, Claim) else None
+
+
+def core_for(
+    client: Any,
+    name: str,
+    ready_key: str,
+    *,
+    lease_ms: int,
+    max_deliveries: int,
+    options: Mapping[str, Any],
+) -> ReliableQueue:
+    """The core queue whose ready list is RQ's own list ``ready_key``, built once per client.
+
+    RQ pushes job ids to the right of its list and pops them from the left, so the core
+    claims from the left end and the list entries are the job ids themselves. The core
+    dead-letters a message only after ``max_deliveries + 1`` lost deliveries: the adapter
+    fails the job in RQ's FailedJobRegistry when it claims it the time after the last one.
+    """
+    frozen = tuple(sorted(options.items()))
+    cache_key = (ready_key, lease_ms, max_deliveries, frozen)
+    # Kept on the client itself, so the queues go when the client goes (no global cache
+    # holding clients alive).
+    with _lock:
+        cache: dict[Any, ReliableQueue] = vars(client).setdefault(_CACHE_ATTR, {})
+        core = cache.get(cache_key)
+        if core is None:
+            core = ReliableQueue(
+                client,
+                name,
+                ready_key=ready_key,
+                payload_in_list=True,
+                ready_head="left",
+                lease_ms=lease_ms,
+                max_deliveries=max_deliveries + 1,
+                **dict(options),
+            )
+            cache[cache_key] = core
+        return core

@@ -1,0 +1,215 @@
+"""``belayq_rq.Queue``: RQ's queue with belayq's claim.
+
+Producers are untouched: ``enqueue``, ``enqueue_many``, the scheduler, ``Retry``,
+``rq requeue`` and everything else keep pushing job ids to RQ's own list
+``rq:queue:NAME``, which is the core's ready list. Only the claim changes: a job id moves
+into the core's processing list with a lease and a fencing token, and the worker acks it
+inside the transaction that records the job's outcome.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable, Mapping
+from types import FrameType
+from typing import Any, ClassVar
+
+import redis
+from redis import Redis
+from rq.exceptions import DequeueTimeout, NoSuchJobError
+from rq.job import Job
+from rq.queue import Queue as RQQueue
+from rq.serializers import Serializer
+from rq.timeouts import BaseDeathPenalty
+
+from belayq import ConnectionLost, Delivery, ReliableQueue
+from belayq.multi import claim_any
+
+from . import settle
+from .claims import Claim, attach, core_for
+
+log = logging.getLogger("belayq_rq")
+
+
+class Queue(RQQueue):
+    """An RQ queue whose jobs are claimed with a lease, so a dead worker's job runs again.
+
+    Configure it with class attributes (subclass) or keyword arguments:
+
+    Attributes:
+        lease_ms: How long a claim stays valid without an extension (ms). A live worker
+            extends it every second; a dead worker's job is back in the queue within about
+            ``lease_ms`` + 1 s. Default 20 s.
+        max_deliveries: Attempts a job may lose (its worker or work horse died) before it
+            goes to the FailedJobRegistry instead of running again. Default 5.
+        belayq_options: Further :class:`belayq.QueueConfig` fields (``sweep_interval_ms``,
+            ``sweep_limit``, ...).
+    """
+
+    lease_ms: ClassVar[int] = 20_000
+    max_deliveries: ClassVar[int] = 5
+    belayq_options: ClassVar[Mapping[str, Any]] = {}
+
+    def __init__(
+        self,
+        name: str = "default",
+        connection: Redis | None = None,
+        *args: Any,
+        lease_ms: int | None = None,
+        max_deliveries: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, connection, *args, **kwargs)
+        self._lease_ms = lease_ms if lease_ms is not None else type(self).lease_ms
+        self._max_deliveries = (
+            max_deliveries if max_deliveries is not None else type(self).max_deliveries
+        )
+
+    def belayq(self, connection: Any = None) -> ReliableQueue:
+        """The core queue behind this RQ queue (on ``connection``, default its own)."""
+        return core_for(
+            connection if connection is not None else self.connection,
+            self.name,
+            self.key,
+            lease_ms=self._lease_ms,
+            max_deliveries=self._max_deliveries,
+            options=self.belayq_options,
+        )
+
+    def acquire_maintenance_lock(self) -> bool:
+        _refuse_stock_worker(inspect.currentframe(), self)
+        return bool(super().acquire_maintenance_lock())
+
+    @classmethod
+    def dequeue_any(
+        cls,
+        queues: Iterable[RQQueue],
+        timeout: int | None,
+        connection: Redis,
+        job_class: type[Job] | None = None,
+        serializer: Serializer | str | None = None,
+        death_penalty_class: type[BaseDeathPenalty] | None = None,
+    ) -> tuple[Job, RQQueue] | None:
+        """Claim the next job of the first non-empty queue (in the order given).
+
+        Keeps RQ's contract: ``timeout=None`` does not wait and returns None when every
+        queue is empty; a timeout > 0 waits (on all queues at once) and raises
+        ``DequeueTimeout``; 0 raises ``ValueError``. Jobs whose hash is gone are dropped.
+
+        A job claimed again after a lost attempt gets RQ's records of that attempt removed
+        first; one that already lost ``max_deliveries`` attempts goes to the
+        FailedJobRegistry instead of being returned.
+        """
+        _refuse_stock_worker(inspect.currentframe(), None)
+        if timeout is not None and timeout == 0:
+            raise ValueError(
+                "RQ does not support indefinite timeouts. Please pick a timeout value > 0"
+            )
+        job_cls: type[Job] = job_class or cls.job_class
+        rq_queues = [
+            q
+            if isinstance(q, cls)
+            else cls(q.name, connection=connection, job_class=job_cls, serializer=serializer)
+            for q in queues
+        ]
+        by_name = {q.name: q for q in rq_queues}
+        cores = [q.belayq(connection) for q in rq_queues]
+        while True:
+            try:
+                got = claim_any(cores, 0 if timeout is None else timeout)
+            except ConnectionLost as exc:  # RQ's worker backs off and retries on these
+                raise redis.ConnectionError(str(exc)) from exc
+            if not got:
+                if timeout is None:
+                    return None
+                raise DequeueTimeout(timeout, [q.key for q in rq_queues])
+            delivery = got[0]
+            queue = by_name[delivery.queue]
+            job = _admit(queue, cores[rq_queues.index(queue)], delivery, job_cls, serializer,
+                         death_penalty_class)
+            if job is not None:
+                return job, queue
+
+
+def _admit(
+    queue: Queue,
+    core: ReliableQueue,
+    delivery: Delivery,
+    job_cls: type[Job],
+    serializer: Serializer | str | None,
+    death_penalty_class: type[BaseDeathPenalty] | None,
+) -> Job | None:
+    """The job to run for ``delivery``, or None when there is nothing to run (settled)."""
+    claim = Claim(core, delivery, queue._max_deliveries)
+    try:
+        try:
+            job = job_cls.fetch(delivery.id, connection=core.client, serializer=serializer)
+        except NoSuchJobError:
+            core.ack(delivery)  # deleted, or its ttl ran out while it waited
+            return None
+        if delivery.deliveries > 1:
+            if job.get_status(refresh=False) in settle.SETTLED:
+                # Its lost attempt had in fact finished, or RQ's cleanup failed it first.
+                core.ack(delivery)
+                return None
+            if delivery.deliveries > claim.max_deliveries:
+                cause = "the worker stopped renewing the lease (killed, or cut off from Redis)"
+                settle.fail_for_good(
+                    job, queue, claim, settle.lost_reason(claim, cause),
+                    death_penalty_class=death_penalty_class,
+                )
+                return None
+            with core.client.pipeline() as pipe:
+                if settle.drop_stale_executions(job, pipe):
+                    pipe.execute()
+            log.warning(
+                "job %s: redelivered (delivery %d of max %d) after a lost attempt",
+                job.id, delivery.deliveries, claim.max_deliveries,
+            )
+    except Exception as exc:
+        _hand_back(core, delivery, f"belayq_rq could not start the job: {exc!r}")
+        if isinstance(exc, ConnectionLost):
+            raise redis.ConnectionError(str(exc)) from exc
+        raise
+    attach(job, claim)
+    return job
+
+
+def _hand_back(core: ReliableQueue, delivery: Delivery, reason: str) -> None:
+    """Give a claim back now; if Redis will not take it, stop extending its lease so the
+    sweep brings it back."""
+    try:
+        core.nack(delivery, delay_ms=0, reason=reason)
+    except Exception:
+        core.forget([delivery])
+
+
+def _refuse_stock_worker(frame: FrameType | None, queue: Queue | None) -> None:
+    """Refuse loudly when a worker that is not belayq's drives belayq queues.
+
+    A stock ``rq.Worker`` given ``belayq_rq.Queue`` objects dequeues with RQ's own classmethod
+    and never acks; ``SpawnWorker`` runs its jobs with the stock classes in a fresh
+    interpreter. Both would leave claims unsettled, so they stop here, at their first
+    maintenance pass or dequeue, before any job is taken.
+    """
+    from rq.worker import BaseWorker
+
+    from .worker import BelayqWorkerMixin
+
+    caller = frame.f_back if frame is not None else None
+    for _ in range(3):
+        if caller is None:
+            return
+        worker = caller.f_locals.get("self")
+        if isinstance(worker, BaseWorker):
+            if isinstance(worker, BelayqWorkerMixin):
+                return
+            raise TypeError(
+                f"{type(worker).__module__}.{type(worker).__qualname__} drives belayq_rq.Queue "
+                f"{queue.name if queue else ''!r} but is not a belayq_rq worker, so its jobs "
+                "would never be acked: run `rq worker -w belayq_rq.Worker` (or "
+                "belayq_rq.SimpleWorker); `rq worker-pool -w belayq_rq.Worker` works too. "
+                "SpawnWorker is not supported."
+            )
+        caller = caller.f_back

@@ -1,0 +1,218 @@
+"""``belayq_rq.Worker`` and ``belayq_rq.SimpleWorker``: RQ's workers, settling belayq claims.
+
+What they add to RQ's workers:
+
+* the queues are ``belayq_rq.Queue`` even when RQ's CLI passes its stock default;
+* the claim of a job is acked inside each transaction RQ runs to record the job's end
+  (success, failure, retry, max retries, stop): ``cleanup_execution`` is called in all of
+  them;
+* the lease is extended while the job runs, by the belayq lease keeper thread of the
+  process that claimed it: the forking worker's parent, which runs no job code, so a job
+  that holds the GIL in the work horse cannot starve it;
+* an attempt that is lost while the worker lives (the work horse was killed, e.g. by the
+  OOM killer; a cold shutdown of a SimpleWorker) hands the job back for another delivery
+  instead of failing it; after ``max_deliveries`` lost attempts it goes to the
+  FailedJobRegistry;
+* each maintenance pass first runs belayq's sweep, and spares from RQ's abandoned-job
+  cleanup the jobs that the sweep already put back in their queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+import rq
+import rq.worker
+from rq.exceptions import ShutDownImminentException
+from rq.job import Job
+from rq.queue import Queue as RQQueue
+
+from . import settle
+from .claims import claim_of
+from .queue import Queue
+
+log = logging.getLogger("belayq_rq")
+
+
+def _upgrade_queue_class(owner: type, queue_class: Any) -> type[Queue]:
+    """The belayq queue class to use when RQ (its CLI, ``run_worker``) passes ``queue_class``."""
+    default: type[Queue] = owner.queue_class  # type: ignore[attr-defined]
+    if isinstance(queue_class, str):
+        from rq.utils import import_attribute
+
+        queue_class = import_attribute(queue_class)
+    if queue_class is None or queue_class is RQQueue:
+        return default
+    if isinstance(queue_class, type) and issubclass(queue_class, Queue):
+        return queue_class
+    raise TypeError(
+        f"{owner.__qualname__} needs belayq_rq.Queue (or a subclass) as its queue class, "
+        f"got {queue_class!r}: drop --queue-class, or pass a subclass of belayq_rq.Queue"
+    )
+
+
+def _upgrade_queues(queues: Any, queue_class: type[Queue]) -> Any:
+    """Turn stock ``rq.Queue`` objects (built by RQ's CLI) into ``queue_class`` ones."""
+    if isinstance(queues, (str, RQQueue)):
+        queues = [queues]
+    out: list[Any] = []
+    for q in queues:
+        if isinstance(q, (Queue, str)):
+            out.append(q)
+        elif type(q) is RQQueue:
+            out.append(
+                queue_class(
+                    q.name,
+                    connection=q.connection,
+                    job_class=q.job_class,
+                    serializer=q.serializer,
+                    death_penalty_class=q.death_penalty_class,
+                    default_timeout=getattr(q, "_default_timeout", None),
+                    is_async=q.is_async,
+                )
+            )
+        else:
+            raise TypeError(
+                f"belayq_rq workers need belayq_rq.Queue objects, got {type(q).__qualname__} "
+                f"{q.name!r}: build the queues with belayq_rq.Queue"
+            )
+    return out
+
+
+class BelayqWorkerMixin(rq.worker.BaseWorker):
+    """The belayq parts of :class:`Worker` and :class:`SimpleWorker` (see the module doc)."""
+
+    queue_class = Queue
+    _belayq_lost: str | None = None
+
+    def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(self, rq.worker.SpawnWorker):
+            raise TypeError(
+                "SpawnWorker runs each job with RQ's stock classes in a new interpreter, where "
+                "belayq cannot ack it: use belayq_rq.Worker (fork) or belayq_rq.SimpleWorker"
+            )
+        queue_class = _upgrade_queue_class(type(self), kwargs.get("queue_class"))
+        kwargs["queue_class"] = queue_class
+        super().__init__(_upgrade_queues(queues, queue_class), *args, **kwargs)
+
+    # -- settling inside RQ's transactions -----------------------------------------------
+
+    def cleanup_execution(self, job: Job, pipeline: Any) -> None:
+        """RQ calls this inside the transaction of every end of a job: ack the claim there."""
+        super().cleanup_execution(job, pipeline)
+        claim = claim_of(job)
+        if claim is not None:
+            claim.core.ack_on(pipeline, [claim.delivery])
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        # belayq never uses RQ's intermediate list; skip its removal command.
+        super().prepare_job_execution(job, False)
+
+    def execute_job(self, job: Job, queue: RQQueue) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:
+            claim = claim_of(job)
+            if claim is not None:
+                # Settled by now (the work horse acked, or it was handed back); a claim the
+                # horse could not settle is left to expire, and the sweep redelivers it.
+                claim.core.forget([claim.delivery])
+
+    # -- lost attempts -------------------------------------------------------------------
+
+    def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
+        super().handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
+        # RQ leaves ret_val None only when it killed the horse itself for overrunning
+        # job.timeout + 60 s: that is the job's failure, not a lost attempt.
+        if ret_val is not None:
+            self._belayq_lost = job.id
+
+    def handle_job_failure(
+        self,
+        job: Job,
+        queue: RQQueue,
+        started_job_registry: Any = None,
+        exc_string: str = "",
+    ) -> None:
+        claim = claim_of(job)
+        lost = self._belayq_lost == job.id or self._cold_shutdown_in_job()
+        self._belayq_lost = None
+        stopped = getattr(self, "_stopped_job_id", None) == job.id
+        if claim is None or not lost or stopped:
+            super().handle_job_failure(
+                job, queue, started_job_registry=started_job_registry, exc_string=exc_string
+            )
+            return
+        cause = exc_string.strip() or "the attempt was interrupted"
+        if claim.delivery.deliveries >= claim.max_deliveries:
+            settle.fail_for_good(
+                job,
+                queue,
+                claim,
+                settle.lost_reason(claim, cause),
+                worker=self,
+                death_penalty_class=getattr(self, "death_penalty_class", None),
+            )
+        else:
+            settle.requeue_lost(job, claim, self, cause)
+
+    def _cold_shutdown_in_job(self) -> bool:
+        # A SimpleWorker's cold shutdown raises SystemExit inside the job, a HerokuWorker's
+        # dyno shutdown ShutDownImminentException in the work horse: RQ would fail the job,
+        # but the attempt was cut short, not failed.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ShutDownImminentException):
+            return True
+        return isinstance(exc, SystemExit) and bool(getattr(self, "_stop_requested", False))
+
+    # -- maintenance ---------------------------------------------------------------------
+
+    def clean_registries(self) -> None:
+        """Sweep first, then let RQ clean; jobs the sweep put back are not abandoned."""
+        for queue in self.queues:
+            if not isinstance(queue, Queue):
+                continue
+            try:
+                queue.belayq(self.connection).sweep()
+                _spare_requeued(queue)
+            except Exception:
+                log.warning("belayq sweep of %s failed", queue.name, exc_info=True)
+        super().clean_registries()  # type: ignore[no-untyped-call]
+
+
+def _spare_requeued(queue: Queue) -> None:
+    """Remove RQ's expired started-registry records of jobs that wait in the queue again
+    (a lost attempt the sweep put back), so RQ's cleanup does not fail them."""
+    registry = queue.started_job_registry
+    for job_id in set(registry.get_expired_job_ids()):
+        if queue.get_job_position(job_id) is None:
+            continue
+        try:
+            job = queue.job_class.fetch(
+                job_id, connection=queue.connection, serializer=queue.serializer
+            )
+        except Exception:
+            continue
+        with queue.connection.pipeline() as pipe:
+            if settle.drop_stale_executions(job, pipe):
+                pipe.execute()
+        log.info("job %s: waits for redelivery; kept out of RQ's abandoned-job cleanup", job_id)
+
+
+class Worker(BelayqWorkerMixin, rq.worker.Worker):
+    """RQ's forking worker on belayq: ``rq worker -w belayq_rq.Worker``."""
+
+
+class SimpleWorker(BelayqWorkerMixin, rq.worker.SimpleWorker):
+    """RQ's in-process worker on belayq (works on fakeredis: ``SimpleWorker(burst=True)``).
+
+    The lease keeper is a thread of the same process: a job that holds the GIL for longer
+    than ``lease_ms`` (one long C call) starves it, and the job may then run twice. Use
+    :class:`Worker` for such jobs.
+    """
+
+
+class HerokuWorker(BelayqWorkerMixin, rq.worker.HerokuWorker):
+    """RQ's HerokuWorker on belayq: a job cut short by a dyno shutdown runs again."""

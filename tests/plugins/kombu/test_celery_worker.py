@@ -1,0 +1,194 @@
+"""Real ``celery worker`` subprocesses (solo and prefork) on belayq://: tasks run, results
+come back, remote control works, and kill -9 / long tasks / ETAs keep the contract.
+
+Leases are short here (2-3 s, sweep every 0.5 s) so the proofs run in seconds; the
+measured recovery times are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis
+
+from .conftest import CELERY, HERE, Worker, wait_for
+
+Records = Callable[[], list[dict[str, Any]]]
+
+
+def app(celery_env: dict[str, str], **env: str) -> Any:
+    """The worker_app module, imported here with the test's environment (a fresh copy)."""
+    import importlib
+    import os
+
+    os.environ.update({**celery_env, **env})
+    sys.path.insert(0, str(HERE))
+    try:
+        sys.modules.pop("worker_app", None)
+        return importlib.import_module("worker_app")
+    finally:
+        sys.path.remove(str(HERE))
+
+
+def events(records: Records, ev: str) -> collections.Counter[int]:
+    return collections.Counter(r["i"] for r in records() if r["ev"] == ev)
+
+
+def control(celery_env: dict[str, str], *args: str) -> str:
+    out = subprocess.run([*CELERY, "-A", "worker_app", *args], env=celery_env, cwd=HERE,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_tasks_run_results_come_back_and_remote_control_works(
+    pool: str, workers: Callable[..., Worker], celery_env: dict[str, str], kq: str
+) -> None:
+    w = workers(f"--pool={pool}", "-c", "2").wait_ready()
+    mod = app(celery_env)
+    results = [mod.add.delay(i, i) for i in range(20)]
+    assert [r.get(timeout=30) for r in results] == [2 * i for i in range(20)]
+    node = w.name.replace("%h", __import__("socket").gethostname())
+    assert "pong" in control(celery_env, "inspect", "ping", "-d", node, "-t", "10")
+    assert kq in control(celery_env, "inspect", "active_queues", "-d", node, "-t", "10")
+    assert "new rate limit set successfully" in control(
+        celery_env, "control", "rate_limit", "worker_app.add", "100/s", "-d", node, "-t", "10")
+    assert "transport" in w.text() and "belayq://" in w.text()
+
+
+def test_kill9_of_the_main_process_mid_task_loses_nothing(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records
+) -> None:
+    env = {"BQ_LEASE": "3"}
+    w1 = workers("--pool=prefork", "-c", "2", **env).wait_ready()
+    mod = app(celery_env, **env)
+    for i in range(8):
+        mod.sleeper.delay(i, 2.0)
+    wait_for(lambda: sum(events(records, "start").values()) >= 2, 30, "two tasks to start")
+    w1.kill9()
+    killed = time.time()
+    running = set(events(records, "start")) - set(events(records, "done"))
+    w2 = workers("--pool=prefork", "-c", "2", **env).wait_ready()
+    wait_for(lambda: len(events(records, "done")) == 8, 60, "every task done", every=0.2)
+    starts = [r for r in records() if r["ev"] == "start" and r["t"] > killed]
+    first_back = min(r["t"] for r in starts if r["i"] in running) - killed
+    all_done = max(r["t"] for r in records() if r["ev"] == "done") - killed
+    print(f"\nkill -9 of the main process (acks_late, lease 3 s): the {len(running)} running "
+          f"task(s) restarted {first_back:.1f} s after the kill (worker 2 needed "
+          f"{w2.name and 'a start-up'}), all 8 done {all_done:.1f} s after it")
+    assert set(events(records, "done")) == set(range(8))
+    assert all(events(records, "start")[i] == 2 for i in running)  # at-least-once, no more
+
+
+def test_kill9_of_a_pool_child_mid_task_reruns_it(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records
+) -> None:
+    w = workers("--pool=prefork", "-c", "2").wait_ready()
+    mod = app(celery_env)
+    for i in range(4):
+        mod.sleeper.delay(i, 1.5)
+    first = wait_for(lambda: [r for r in records() if r["ev"] == "start"], 30, "a task to start")
+    victim = first[0]
+    import os
+    import signal
+
+    os.kill(victim["pid"], signal.SIGKILL)
+    killed = time.time()
+    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
+    again = min(r["t"] for r in records() if r["ev"] == "start" and r["i"] == victim["i"]
+                and r["t"] > killed)
+    print(f"\nkill -9 of a pool child: its task ran again {again - killed:.2f} s later")
+    assert events(records, "done") == collections.Counter(range(4))
+    assert events(records, "start")[victim["i"]] == 2
+    assert "WorkerLostError" in w.text()
+
+
+def test_acks_late_false_protects_prefetched_tasks_not_running_ones(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records
+) -> None:
+    # Celery acks a task when a pool child starts it (acks_late=False), so a task running
+    # at the kill is gone by Celery's own choice; everything prefetched and not started
+    # comes back within the lease.
+    env = {"BQ_LEASE": "3", "BQ_ACKS_LATE": "0"}
+    w1 = workers("--pool=prefork", "-c", "2", **env).wait_ready()
+    mod = app(celery_env, **env)
+    for i in range(10):
+        mod.sleeper.delay(i, 2.0)
+    wait_for(lambda: sum(events(records, "start").values()) >= 2, 30, "two tasks to start")
+    time.sleep(0.3)
+    w1.kill9()
+    running = set(events(records, "start")) - set(events(records, "done"))
+    workers("--pool=prefork", "-c", "2", **env).wait_ready()
+    expected = set(range(10)) - running
+    wait_for(lambda: set(events(records, "done")) >= expected, 60, "the rest", every=0.2)
+    time.sleep(4)  # a lease more: nothing else comes back
+    print(f"\nacks_late=False: {len(running)} task(s) running at the kill were acked at start "
+          f"and not re-run; the other {len(expected)} all completed")
+    assert set(events(records, "done")) == expected
+    assert all(events(records, "start")[i] == 1 for i in running)
+
+
+def test_a_task_and_an_eta_three_leases_long_run_exactly_once(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records, port: int,
+    kq: str
+) -> None:
+    env = {"BQ_LEASE": "2"}
+    workers("--pool=solo", **env).wait_ready()
+    mod = app(celery_env, **env)
+    mod.sleeper.delay(1, 6.0)  # 3 x the lease
+    mod.sleeper.apply_async((2, 0.1), countdown=6.0)  # ETA 3 x the lease
+    wait_for(lambda: events(records, "start")[1] == 1, 30, "the long task to start")
+    workers("--pool=prefork", "-c", "2", **env).wait_ready()  # a rival that would take copies
+    wait_for(lambda: len(events(records, "done")) == 2, 40, "both done", every=0.2)
+    time.sleep(2.5)
+    assert events(records, "start") == collections.Counter({1: 1, 2: 1})
+    assert events(records, "done") == collections.Counter({1: 1, 2: 1})
+    stats = _stats(port, kq)
+    assert stats.get("reclaimed", 0) == 0 and stats.get("stale_acks", 0) == 0, stats
+
+
+def test_a_poison_task_is_dead_lettered_after_max_deliveries(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records, port: int,
+    kq: str
+) -> None:
+    env = {"BQ_MAX_DELIVERIES": "3"}
+    workers("--pool=prefork", "-c", "1", **env).wait_ready()
+    mod = app(celery_env, **env)
+    mod.kill_self.delay(7)
+    mod.sleeper.delay(8, 0.1)
+    wait_for(lambda: events(records, "done")[8] == 1, 60, "the healthy task")
+    wait_for(lambda: _stats(port, kq)["dead"] == 1, 60, f"the dead letter {_stats(port, kq)}")
+    time.sleep(1)
+    assert events(records, "start")[7] == 3
+    out = subprocess.run([sys.executable, "-m", "belayq_kombu", "dead-letters", "--url",
+                          celery_env["BQ_BROKER"], "--queue", kq], capture_output=True, text=True)
+    assert "rejected with requeue (after 3 deliveries, max_deliveries=3)" in out.stdout, out
+
+
+def test_a_connection_blip_does_not_rerun_running_tasks(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records, port: int
+) -> None:
+    w = workers("--pool=prefork", "-c", "2").wait_ready()
+    mod = app(celery_env)
+    for i in range(4):
+        mod.sleeper.delay(i, 4.0)
+    wait_for(lambda: sum(events(records, "start").values()) >= 2, 30, "two tasks to start")
+    killed = redis.Redis(port=port).client_kill_filter(_type="normal", skipme=True)
+    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
+    time.sleep(1)
+    print(f"\nconnection blip: killed {killed} client connection(s) mid-task")
+    assert events(records, "start") == collections.Counter(range(4))
+    assert "keeping the leases of 2 running task(s)" in w.text() or killed
+
+
+def _stats(port: int, name: str) -> dict[str, int]:
+    from .test_transport import stats
+
+    return stats(port, name)

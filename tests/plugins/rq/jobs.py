@@ -1,0 +1,99 @@
+"""Jobs and worker classes that the RQ tests run, also in ``rq worker`` subprocesses.
+
+Each job records its runs in a Redis list ``runs:<job id>`` (pid and time), so a test sees
+how often and where a job ran, whatever happened to the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, ClassVar
+
+from rq import get_current_job
+
+import belayq_rq
+
+SHORT_LEASE_MS = 2_000
+MAX_DELIVERIES = 3
+
+
+class FastQueue(belayq_rq.Queue):
+    """A queue with a short lease, so crash tests take seconds."""
+
+    lease_ms = SHORT_LEASE_MS
+    max_deliveries = MAX_DELIVERIES
+    belayq_options: ClassVar[dict[str, Any]] = {"sweep_interval_ms": 200}
+
+
+class FastWorker(belayq_rq.Worker):
+    queue_class = FastQueue
+
+
+class FastSimpleWorker(belayq_rq.SimpleWorker):
+    queue_class = FastQueue
+
+
+def _record(event: str) -> None:
+    job = get_current_job()
+    assert job is not None
+    job.connection.rpush(f"runs:{job.id}", f"{event}:{os.getpid()}:{time.time():.6f}")
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+def noop() -> None:
+    return None
+
+
+def record(tag: str = "") -> str:
+    _record("start")
+    _record("done")
+    return tag
+
+
+def sleeper(seconds: float) -> float:
+    _record("start")
+    time.sleep(seconds)
+    _record("done")
+    return seconds
+
+
+def fail() -> None:
+    _record("start")
+    raise ValueError("this job always fails")
+
+
+def kill_my_horse() -> None:
+    """Dies like an OOM kill: SIGKILL to its own process, every time it runs."""
+    _record("start")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_horse_once() -> str:
+    """SIGKILLs itself on its first delivery only; finishes on the next one."""
+    job = get_current_job()
+    assert job is not None
+    first = job.connection.llen(f"runs:{job.id}") == 0
+    _record("start")
+    if first:
+        os.kill(os.getpid(), signal.SIGKILL)
+    _record("done")
+    return "survived"
+
+
+def append_to(key: str, value: str) -> None:
+    job = get_current_job()
+    assert job is not None
+    job.connection.rpush(key, value)
+
+
+def on_success_cb(job: Any, connection: Any, result: Any, *args: Any, **kwargs: Any) -> None:
+    connection.rpush(f"callbacks:{job.id}", f"success:{result}")
+
+
+def on_failure_cb(job: Any, connection: Any, typ: Any, value: Any, tb: Any) -> None:
+    connection.rpush(f"callbacks:{job.id}", f"failure:{typ.__name__}")

@@ -1,0 +1,350 @@
+"""belayq_rq in-process: stock producers, RQ features, every settle path, class plumbing,
+and the belayq equivalents of the RQ tests that pin its intermediate-list mechanics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+import rq
+import rq.worker
+from rq import Callback, Retry
+from rq.exceptions import DequeueTimeout
+from rq.job import JobStatus
+from rq.registry import FailedJobRegistry, StartedJobRegistry
+
+import belayq_rq
+from belayq_rq.claims import claim_of
+from tests.plugins.rq import jobs
+
+
+def in_flight(conn: Any, name: str) -> tuple[int, int]:
+    s = belayq_rq.Queue(name, connection=conn).belayq().stats()
+    return s["in_flight"], s["leased"]
+
+
+def drain(conn: Any, *names: str, worker: type[rq.worker.BaseWorker] = belayq_rq.SimpleWorker,
+          **work: Any) -> None:
+    worker(list(names), connection=conn).work(burst=True, logging_level="WARNING", **work)
+
+
+# -- stock producers, RQ features --------------------------------------------------------
+
+
+def test_stock_producers_fifo_and_at_front(conn: redis.Redis) -> None:
+    q = rq.Queue("q", connection=conn)
+    for i in range(3):
+        q.enqueue(jobs.append_to, "order", f"e{i}")
+    q.enqueue_many([rq.Queue.prepare_data(jobs.append_to, ("order", f"m{i}")) for i in range(2)])
+    q.enqueue(jobs.append_to, "order", "front", at_front=True)
+    drain(conn, "q")
+    order = [v.decode() for v in conn.lrange("order", 0, -1)]
+    assert order == ["front", "e0", "e1", "e2", "m0", "m1"]
+    assert in_flight(conn, "q") == (0, 0)
+
+
+def test_success_failure_results_callbacks(conn: redis.Redis) -> None:
+    q = rq.Queue("q", connection=conn)
+    ok = q.enqueue(jobs.add, 2, 3, on_success=Callback(jobs.on_success_cb))
+    bad = q.enqueue(jobs.fail, on_failure=Callback(jobs.on_failure_cb))
+    drain(conn, "q")
+    assert ok.get_status() == JobStatus.FINISHED and ok.return_value() == 5
+    assert bad.get_status() == JobStatus.FAILED
+    assert bad.id in FailedJobRegistry("q", connection=conn)
+    assert conn.lrange(f"callbacks:{ok.id}", 0, -1) == [b"success:5"]
+    assert conn.lrange(f"callbacks:{bad.id}", 0, -1) == [b"failure:ValueError"]
+    assert in_flight(conn, "q") == (0, 0)
+
+
+@pytest.mark.parametrize("worker", [belayq_rq.SimpleWorker, belayq_rq.Worker])
+def test_retry_and_max_retries_ack_every_attempt(conn: redis.Redis, worker: Any) -> None:
+    q = rq.Queue("q", connection=conn)
+    job = q.enqueue(jobs.fail, retry=Retry(max=2))
+    drain(conn, "q", worker=worker)
+    assert job.get_status() == JobStatus.FAILED
+    assert conn.llen(f"runs:{job.id}") == 3  # the first run and 2 retries
+    stats = belayq_rq.Queue("q", connection=conn).belayq().stats()
+    assert (stats["in_flight"], stats["claimed"], stats["acked"]) == (0, 3, 3), stats
+
+
+def test_retry_with_interval_goes_through_the_scheduler(conn: redis.Redis) -> None:
+    q = rq.Queue("q", connection=conn)
+    job = q.enqueue(jobs.fail, retry=Retry(max=1, interval=1))
+    drain(conn, "q")
+    assert job.get_status() == JobStatus.SCHEDULED and in_flight(conn, "q") == (0, 0)
+    time.sleep(1.1)
+    drain(conn, "q", with_scheduler=True)
+    assert job.get_status() == JobStatus.FAILED and conn.llen(f"runs:{job.id}") == 2
+
+
+def test_enqueue_at_dependencies_unique_and_requeue(conn: redis.Redis) -> None:
+    q = rq.Queue("q", connection=conn)
+    at = q.enqueue_at(datetime.now(timezone.utc) - timedelta(seconds=1), jobs.add, 1, 1)
+    parent = q.enqueue(jobs.add, 1, 2)
+    child = q.enqueue(jobs.add, 3, 4, depends_on=parent)
+    uniq = q.enqueue(jobs.add, 5, 5, job_id="only-once", unique=True)
+    failed = q.enqueue(jobs.fail)
+    drain(conn, "q", with_scheduler=True)
+    assert [j.get_status() for j in (at, parent, child, uniq)] == [JobStatus.FINISHED] * 4
+    assert failed.get_status() == JobStatus.FAILED
+    FailedJobRegistry("q", connection=conn).requeue(failed.id)  # what `rq requeue` does
+    drain(conn, "q")
+    assert conn.llen(f"runs:{failed.id}") == 2
+    assert in_flight(conn, "q") == (0, 0)
+
+
+def test_group_and_cancel(conn: redis.Redis) -> None:
+    from rq.group import Group
+
+    q = rq.Queue("q", connection=conn)
+    group = Group.create(connection=conn)
+    group_jobs = group.enqueue_many(q, [rq.Queue.prepare_data(jobs.add, (i, 1)) for i in range(3)])
+    canceled = q.enqueue(jobs.add, 9, 9)
+    canceled.cancel()
+    drain(conn, "q")
+    assert [j.get_status() for j in group_jobs] == [JobStatus.FINISHED] * 3
+    assert canceled.get_status() == JobStatus.CANCELED
+    assert in_flight(conn, "q") == (0, 0)
+
+
+def test_fakeredis_simple_worker_burst() -> None:
+    import fakeredis
+
+    conn = fakeredis.FakeRedis()
+    q = belayq_rq.Queue("q", connection=conn)
+    js = [q.enqueue(jobs.add, i, i) for i in range(3)] + [q.enqueue(jobs.fail)]
+    belayq_rq.SimpleWorker([q], connection=conn).work(burst=True)
+    assert [j.get_status() for j in js] == [JobStatus.FINISHED] * 3 + [JobStatus.FAILED]
+    assert [j.return_value() for j in js[:3]] == [0, 2, 4]
+    assert q.belayq().stats()["in_flight"] == 0
+
+
+def test_round_trips_per_job_at_most_one_more_than_stock(conn: redis.Redis) -> None:
+    """The claim script replaces RQ's move, and the ack rides in RQ's own transaction."""
+    from redis.connection import Connection
+
+    def trips(worker: Any, queue_class: Any) -> float:
+        conn.flushall()
+        q = queue_class("q", connection=conn)
+        drain(conn, "q", worker=worker)  # warm up: scripts loaded, queue built
+        n = 20
+        for i in range(n):
+            q.enqueue(jobs.add, i, 1)
+        main = threading.get_ident()
+        count = [0]
+        original = Connection.send_packed_command
+
+        def counting(self: Any, *a: Any, **kw: Any) -> Any:
+            if threading.get_ident() == main:
+                count[0] += 1
+            return original(self, *a, **kw)
+
+        Connection.send_packed_command = counting  # type: ignore[method-assign]
+        try:
+            w = worker(["q"], connection=conn)
+            w.work(burst=True, logging_level="WARNING")
+        finally:
+            Connection.send_packed_command = original  # type: ignore[method-assign]
+        return count[0] / n
+
+    stock = trips(rq.worker.SimpleWorker, rq.Queue)
+    ours = trips(belayq_rq.SimpleWorker, belayq_rq.Queue)
+    print(f"\nround trips per job (SimpleWorker, incl. start/stop over 20 jobs): "
+          f"stock {stock:.2f}, belayq {ours:.2f}")
+    assert ours <= stock + 1
+
+
+# -- dequeue_any: RQ's contract ------------------------------------------------------------
+
+
+def test_dequeue_any_contract(conn: redis.Redis) -> None:
+    high = belayq_rq.Queue("high", connection=conn)
+    low = belayq_rq.Queue("low", connection=conn)
+    assert belayq_rq.Queue.dequeue_any([high, low], None, connection=conn) is None
+    with pytest.raises(ValueError):
+        belayq_rq.Queue.dequeue_any([high, low], 0, connection=conn)
+    t0 = time.monotonic()
+    with pytest.raises(DequeueTimeout):
+        belayq_rq.Queue.dequeue_any([high, low], 1, connection=conn)
+    assert time.monotonic() - t0 >= 0.9
+    j_low = low.enqueue(jobs.add, 1, 1)
+    j_high = high.enqueue(jobs.add, 2, 2)
+    job, queue = belayq_rq.Queue.dequeue_any([high, low], None, connection=conn)
+    assert (job.id, queue.name, type(queue)) == (j_high.id, "high", belayq_rq.Queue)
+    job, queue = belayq_rq.Queue.dequeue_any([high, low], 5, connection=conn)
+    assert (job.id, queue.name) == (j_low.id, "low")
+
+
+def test_dequeue_any_drops_jobs_whose_hash_is_gone(conn: redis.Redis) -> None:
+    q = belayq_rq.Queue("q", connection=conn)
+    gone = q.enqueue(jobs.add, 1, 1)
+    kept = q.enqueue(jobs.add, 2, 2)
+    conn.delete(gone.key)
+    job, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    assert job.id == kept.id
+    assert in_flight(conn, "q") == (1, 1)  # only the job handed out
+
+
+def test_blocking_dequeue_wakes_on_enqueue_to_any_queue(conn: redis.Redis) -> None:
+    qs = [belayq_rq.Queue(n, connection=conn) for n in ("a", "b", "c")]
+    got: list[Any] = []
+    t = threading.Thread(target=lambda: got.append(
+        belayq_rq.Queue.dequeue_any(qs, 10, connection=conn)))
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    job = rq.Queue("c", connection=conn).enqueue(jobs.add, 1, 1)
+    t.join(10)
+    waited = time.monotonic() - t0
+    assert got and got[0][0].id == job.id and got[0][1].name == "c"
+    print(f"\nidle pickup, 3 queues, job on the lowest: {waited * 1000:.1f} ms")
+    assert waited < 2.0
+
+
+# -- belayq equivalents of RQ's intermediate-list tests ------------------------------------
+# RQ moves a dequeued id into `rq:queue:NAME:intermediate` and fails it if it is stuck there;
+# belayq moves it into the core's processing list with a lease and redelivers it instead.
+
+
+@pytest.mark.parametrize("names", [("q",), ("q", "other")])
+def test_dequeued_job_is_in_flight_until_its_outcome_is_recorded(
+    conn: redis.Redis, names: tuple[str, ...]
+) -> None:
+    """Equivalent of test_dequeue_any_reliable / test_intermediate_queue: with one queue or
+    several, a dequeued id is never only in memory."""
+    queues = [belayq_rq.Queue(n, connection=conn) for n in names]
+    job = queues[0].enqueue(jobs.add, 1, 2)
+    got, queue = belayq_rq.Queue.dequeue_any(queues, None, connection=conn)
+    assert got.id == job.id and queues[0].job_ids == []
+    assert in_flight(conn, "q") == (1, 1)
+    w = belayq_rq.SimpleWorker(queues, connection=conn)
+    w.prepare_execution(got)
+    w.perform_job(got, queue)  # equivalent of test_prepare_job_execution_removes_key_...
+    assert in_flight(conn, "q") == (0, 0) and got.get_status() == JobStatus.FINISHED
+
+
+def test_claim_of_a_dead_consumer_comes_back_not_failed(conn: redis.Redis) -> None:
+    """Equivalent of test_cleanup_intermediate_queue(_in_maintenance): RQ fails a job stuck
+    in its intermediate list; belayq puts it back in the queue once the lease expires."""
+    q = belayq_rq.Queue("q", connection=conn, lease_ms=300)
+    job = q.enqueue(jobs.add, 1, 2)
+    got, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    claim = claim_of(got)
+    assert claim is not None
+    claim.core.forget([claim.delivery])  # the consumer dies: nobody extends the lease
+    time.sleep(0.4)
+    belayq_rq.SimpleWorker([q], connection=conn).clean_registries()  # maintenance pass
+    assert q.job_ids == [job.id] and job.get_status() == JobStatus.QUEUED
+    assert job.id not in FailedJobRegistry("q", connection=conn)
+    again, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    assert claim_of(again).delivery.deliveries == 2  # type: ignore[union-attr]
+
+
+def test_live_claim_is_left_alone_by_sweep_and_maintenance(conn: redis.Redis) -> None:
+    """Equivalent of test_no_cleanup_while_in_started_queue."""
+    q = belayq_rq.Queue("q", connection=conn, lease_ms=300)
+    q.enqueue(jobs.add, 1, 2)
+    got, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    time.sleep(0.8)  # the lease keeper extends it meanwhile
+    belayq_rq.SimpleWorker([q], connection=conn).clean_registries()
+    assert q.job_ids == [] and in_flight(conn, "q") == (1, 1)
+    claim_of(got).core.ack(claim_of(got).delivery)  # type: ignore[union-attr]
+
+
+def test_lease_less_entry_of_a_consumer_that_died_mid_claim_is_adopted(conn: redis.Redis) -> None:
+    """Equivalent of test_get_job_ids/cleanup of ids sitting in the intermediate list with no
+    StartedJobRegistry entry: an id moved by a blocking claim whose process died before the
+    lease was registered is adopted by the sweep and returned after one lease."""
+    q = belayq_rq.Queue("q", connection=conn, lease_ms=300)
+    job = q.enqueue(jobs.add, 1, 2)
+    core = q.belayq()
+    conn.execute_command(*core.blmove_command(1))  # the claimer dies right after this
+    assert q.job_ids == [] and in_flight(conn, "q") == (1, 0)
+    core.sweep()
+    assert in_flight(conn, "q") == (1, 1)  # provisional lease
+    time.sleep(0.4)
+    core.sweep()
+    assert q.job_ids == [job.id]
+
+
+def test_late_outcome_of_a_lost_claim_does_not_settle_the_redelivery(conn: redis.Redis) -> None:
+    """The ack in RQ's transaction is fenced: a worker whose lease lapsed cannot ack the job's
+    next delivery."""
+    q = belayq_rq.Queue("q", connection=conn, lease_ms=300)
+    q.enqueue(jobs.add, 1, 2)
+    old, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    old_claim = claim_of(old)
+    old_claim.core.forget([old_claim.delivery])  # type: ignore[union-attr]
+    time.sleep(0.4)
+    new, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)  # swept back, claimed
+    w = belayq_rq.SimpleWorker([q], connection=conn)
+    with conn.pipeline() as pipe:
+        w.cleanup_execution(old, pipe)  # the late worker records its outcome
+        assert pipe.execute()[-1] == [0]  # the ack was refused
+    stats = q.belayq().stats()
+    assert (stats["in_flight"], stats["leased"], stats["stale_acks"]) == (1, 1, 1)
+    with conn.pipeline() as pipe:
+        w.cleanup_execution(new, pipe)
+        assert pipe.execute()[-1] == [1]
+
+
+def test_redelivery_removes_the_lost_attempts_started_entries(conn: redis.Redis) -> None:
+    q = belayq_rq.Queue("q", connection=conn, lease_ms=300)
+    job = q.enqueue(jobs.add, 1, 2)
+    got, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    w = belayq_rq.SimpleWorker([q], connection=conn)
+    w.prepare_execution(got)  # the attempt starts, then its worker dies
+    claim_of(got).core.forget([claim_of(got).delivery])  # type: ignore[union-attr]
+    registry = StartedJobRegistry("q", connection=conn)
+    assert registry.get_job_ids(cleanup=False) == [job.id]
+    time.sleep(0.4)
+    belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    assert registry.get_job_ids(cleanup=False) == []
+    registry.cleanup(timestamp=time.time() + 10**7)  # what `rq info` runs: nothing to fail
+    assert job.id not in FailedJobRegistry("q", connection=conn)
+
+
+# -- class plumbing ------------------------------------------------------------------------
+
+
+def test_worker_upgrades_the_stock_queue_class_the_cli_passes(conn: redis.Redis) -> None:
+    stock = [rq.Queue("a", connection=conn), rq.Queue("b", connection=conn)]
+    w = belayq_rq.Worker(stock, connection=conn, queue_class=rq.Queue)
+    assert w.queue_class is belayq_rq.Queue
+    assert [type(q) for q in w.queues] == [belayq_rq.Queue] * 2
+    assert [q.name for q in w.queues] == ["a", "b"]
+    w2 = jobs.FastWorker(["a"], connection=conn, queue_class="rq.queue.Queue")
+    assert w2.queue_class is jobs.FastQueue and type(w2.queues[0]) is jobs.FastQueue
+
+
+def test_worker_refuses_foreign_queue_classes_and_spawn(conn: redis.Redis) -> None:
+    class OtherQueue(rq.Queue):
+        pass
+
+    with pytest.raises(TypeError, match=r"belayq_rq\.Queue"):
+        belayq_rq.Worker(["a"], connection=conn, queue_class=OtherQueue)
+    with pytest.raises(TypeError, match=r"belayq_rq\.Queue"):
+        belayq_rq.Worker([OtherQueue("a", connection=conn)], connection=conn)
+
+    class Spawn(belayq_rq.Worker, rq.worker.SpawnWorker):
+        pass
+
+    with pytest.raises(TypeError, match="SpawnWorker"):
+        Spawn(["a"], connection=conn)
+
+
+def test_stock_worker_with_belayq_queues_refuses_before_taking_a_job(
+    conn: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    q = belayq_rq.Queue("q", connection=conn)
+    job = q.enqueue(jobs.add, 1, 1)
+    rq.worker.SimpleWorker([q], connection=conn).work(burst=True)
+    assert "is not a belayq_rq worker" in caplog.text
+    assert job.get_status() == JobStatus.QUEUED and q.job_ids == [job.id]
+    with pytest.raises(TypeError, match="not a belayq_rq worker"):
+        stock = rq.worker.SimpleWorker([q], connection=conn, queue_class=belayq_rq.Queue)
+        stock.dequeue_job_and_maintain_ttl(None)
