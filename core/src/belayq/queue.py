@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import hashlib
 import dataclasses
 import functools
+import hashlib
 import logging
 import random
 import threading
