@@ -3,26 +3,28 @@
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-import functools
-import hashlib
 import logging
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
-import redis
-
 from . import client_info
+from ._support import check_count as _check_count
+from ._support import digest as _digest
+from ._support import fresh_id as _fresh_id
+from ._support import redis_errors as _redis_errors
+from ._support import text as _text
+from .admin import QueueAdmin
 from .config import QueueConfig
-from .errors import ConfigError, ConnectionLost, RedisTooOld, SchemaMismatch
+from .errors import ConfigError, RedisTooOld, SchemaMismatch
+from .holding import HeldClaims
 from .keys import SCHEMA_VERSION, QueueKeys
 from .lease import KEEPER
-from .models import DeadLetter, Delivery, SweepResult
+from .models import Delivery, SweepResult
 from .scripts import Arg, ScriptRunner
 
 log = logging.getLogger("belayq")
@@ -30,20 +32,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
 
 
-def _redis_errors(fn: F) -> F:
-    """Translate redis-py's connection errors into :class:`ConnectionLost`."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
-
-    return wrapper  # type: ignore[return-value]
-
-
-class ReliableQueue:
+class ReliableQueue(HeldClaims, QueueAdmin):
     """An at-least-once queue on Redis: nothing lost, nothing run twice while its worker lives.
 
     Messages are claimed with BLMOVE/LMOVE into a processing list; each claim is a lease
@@ -271,48 +260,6 @@ class ReliableQueue:
         if self._use_keeper:
             KEEPER.register(self)
 
-    def _take(self, flat: Sequence[Any]) -> list[Delivery]:
-        got = [
-            Delivery(
-                id=_text(flat[i]),
-                payload=bytes(flat[i + 1]),
-                token=_text(flat[i + 2]),
-                deliveries=int(flat[i + 3]),
-                queue=self.name,
-            )
-            for i in range(0, len(flat), 4)
-        ]
-        if got:
-            with self._lock:
-                for d in got:
-                    self._held[d.id] = d
-        return got
-
-    def _forget(self, deliveries: Iterable[Delivery]) -> None:
-        with self._lock:
-            for d in deliveries:
-                if self._held.get(d.id) is d or (
-                    d.id in self._held and self._held[d.id].token == d.token
-                ):
-                    del self._held[d.id]
-
-    @contextlib.contextmanager
-    def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:
-        # Forget before the script runs, so a heartbeat racing this settle does not try to
-        # extend what is being settled; hold them again if the settle never reached Redis.
-        self._forget(deliveries)
-        try:
-            yield
-        except BaseException:
-            with self._lock:
-                for d in deliveries:
-                    self._held.setdefault(d.id, d)
-            raise
-
-    def _still_held(self, delivery: Delivery) -> bool:
-        with self._lock:
-            return self._held.get(delivery.id) is delivery
-
     @staticmethod
     def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
         return [x for d in deliveries for x in (d.id, d.token)]
@@ -412,86 +359,11 @@ class ReliableQueue:
         """How often the lease keeper calls :meth:`heartbeat` (ms)."""
         return min(self.config.heartbeat_ms, self.config.sweep_interval_ms)
 
-    @property
-    def held(self) -> list[Delivery]:
-        """The claims this object holds and has not settled."""
-        with self._lock:
-            return list(self._held.values())
-
-    def heartbeat(self) -> None:
-        """Extend every held lease and run the guarded sweep (the keeper calls this)."""
-        held = self.held
-        if held:
-            # A claim settled while this runs is refused here without counting as stale.
-            for d, ok in zip(held, self._extend(held, count_stale=False), strict=True):
-                if not ok and self._still_held(d):
-                    log.warning(
-                        "lease of %s on %s was lost; it will be redelivered", d.id, self.name
-                    )
-                    self._forget([d])
-        self.sweep(guarded=True)
-
     def close(self, *, release: bool = True) -> None:
         """Stop keeping leases; hand unsettled claims back first when ``release``."""
         KEEPER.unregister(self)
         if release and self.held:
             self.release(self.held)
 
-    # -- inspection and administration -----------------------------------------------
-
-    @_redis_errors
-    def stats(self) -> dict[str, int]:
-        """Sizes (ready, in_flight, leased, delayed, dead) and every counter."""
-        r = self._scripts.run("stats")
-        names = ("ready", "in_flight", "leased", "delayed", "dead")
-        out = dict(zip(names, map(int, r[:5]), strict=True))
-        for i in range(5, len(r), 2):
-            out[_text(r[i])] = int(r[i + 1])
-        return out
-
-    @_redis_errors
-    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
-        """The newest ``limit`` dead letters with their reasons."""
-        ids = [_text(i) for i in self.client.lrange(self.keys.dead, 0, limit - 1)]
-        pipe = self.client.pipeline(transaction=False)
-        for i in ids:
-            pipe.hmget(self.keys.message(i), "p", "e", "n", "d")
-        out = []
-        for i, (p, e, n, d) in zip(ids, pipe.execute(), strict=True):
-            out.append(DeadLetter(i, p, _text(e or b""), int(n or 0), int(d or 0)))
-        return out
-
-    @_redis_errors
-    def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
-        """Put dead letters back on their ready lists (all of them, oldest first, up to
-        ``limit``, when ``ids`` is None); returns how many were replayed."""
-        return int(self._scripts.run("replay", limit, *(ids or [])))
-
-    @_redis_errors
-    def purge(self) -> int:
-        """Delete every waiting (ready or delayed) message; returns how many."""
-        return int(self._scripts.run("purge"))
-
     def __repr__(self) -> str:
         return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"
-
-
-def _fresh_id() -> str:
-    return uuid.uuid4().hex
-
-
-def _digest(kind: str, args: Sequence[Arg]) -> str:
-    """A request id for a settle call: the same call (a retry) gets the same id."""
-    h = hashlib.blake2b(kind.encode(), digest_size=16)
-    for a in args:
-        h.update(b"\0" + (a if isinstance(a, bytes) else str(a).encode()))
-    return h.hexdigest()
-
-
-def _check_count(count: int) -> None:
-    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-        raise ConfigError(f"count must be an int >= 1, got {count!r}")
-
-
-def _text(value: Any) -> str:
-    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)

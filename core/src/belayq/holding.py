@@ -1,0 +1,90 @@
+"""The claims a queue object holds: taken on claim, forgotten on settle, extended by the
+keeper's heartbeat while the process lives."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ._support import text as _text
+from .models import Delivery, SweepResult
+
+log = logging.getLogger("belayq")
+
+
+class HeldClaims:
+    """Bookkeeping of unsettled claims, mixed into :class:`~belayq.ReliableQueue`."""
+
+    name: str
+    _held: dict[str, Delivery]
+    _lock: threading.Lock
+
+    def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+        raise NotImplementedError
+
+    def sweep(self, *, guarded: bool = False) -> SweepResult:
+        raise NotImplementedError
+
+    def _take(self, flat: Sequence[Any]) -> list[Delivery]:
+        got = [
+            Delivery(
+                id=_text(flat[i]),
+                payload=bytes(flat[i + 1]),
+                token=_text(flat[i + 2]),
+                deliveries=int(flat[i + 3]),
+                queue=self.name,
+            )
+            for i in range(0, len(flat), 4)
+        ]
+        if got:
+            with self._lock:
+                for d in got:
+                    self._held[d.id] = d
+        return got
+
+    def _forget(self, deliveries: Iterable[Delivery]) -> None:
+        with self._lock:
+            for d in deliveries:
+                if self._held.get(d.id) is d or (
+                    d.id in self._held and self._held[d.id].token == d.token
+                ):
+                    del self._held[d.id]
+
+    @contextlib.contextmanager
+    def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:
+        # Forget before the script runs, so a heartbeat racing this settle does not try to
+        # extend what is being settled; hold them again if the settle never reached Redis.
+        self._forget(deliveries)
+        try:
+            yield
+        except BaseException:
+            with self._lock:
+                for d in deliveries:
+                    self._held.setdefault(d.id, d)
+            raise
+
+    def _still_held(self, delivery: Delivery) -> bool:
+        with self._lock:
+            return self._held.get(delivery.id) is delivery
+
+    @property
+    def held(self) -> list[Delivery]:
+        """The claims this object holds and has not settled."""
+        with self._lock:
+            return list(self._held.values())
+
+    def heartbeat(self) -> None:
+        """Extend every held lease and run the guarded sweep (the keeper calls this)."""
+        held = self.held
+        if held:
+            # A claim settled while this runs is refused here without counting as stale.
+            for d, ok in zip(held, self._extend(held, count_stale=False), strict=True):
+                if not ok and self._still_held(d):
+                    log.warning(
+                        "lease of %s on %s was lost; it will be redelivered", d.id, self.name
+                    )
+                    self._forget([d])
+        self.sweep(guarded=True)
