@@ -116,3 +116,10 @@ def test_unreachable_redis_is_connection_lost(qname: str) -> None:
 
     with pytest.raises(ConnectionLost, match="Redis unreachable"):
         ReliableQueue(redis.Redis(port=free_port(), socket_connect_timeout=0.5), qname)
+
+
+def test_long_blocking_claim_stays_inside_the_socket_timeout(redis_server: Any, qname: str) -> None:
+    """A from_url() pool names no socket_timeout, yet its connections read with redis-py's
+    5 s default: a claim waiting longer must block in slices, not time the socket out."""
+    q = ReliableQueue(redis.Redis.from_url(redis_server.url), qname, keeper=False)
+    assert q.claim(timeout=5.5) == []

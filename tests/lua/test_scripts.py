@@ -416,7 +416,16 @@ class TestRepeatedRequests:
         first = q._scripts.run("publish", *args, request_id="fixed-id")
         again = q._scripts.run("publish", *args, request_id="fixed-id")
         assert first[0] == again[0] == b"fixed-id"
-        assert q.client.llen(q.keys.ready) == 1 and q.stats()["repeated_requests"] == 1
+        assert q.client.llen(q.keys.ready) == 1 and q.stats()["published"] == 1
+        assert q.client.keys(q.keys.base + "r:*") == []  # id mode needs no reply record
+
+    def test_inline_publish_twice_stores_once(self, client: Any, make_queue: Any) -> None:
+        q = make_queue(client, ready_key="rq:queue:" + q_name(), payload_in_list=True)
+        args = ["rid-1", b"job-9", 1, 0, "", 1000]
+        q._scripts.run("publish", *args, request_id="rid-1")
+        q._scripts.run("publish", *args, request_id="rid-1")
+        assert q.client.lrange(q.keys.ready, 0, -1) == [b"job-9"]
+        assert q.stats()["repeated_requests"] == 1
 
     def test_claim_twice_returns_the_same_claims(self, q: ReliableQueue) -> None:
         q.publish_many([b"1", b"2", b"3"])

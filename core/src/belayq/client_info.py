@@ -22,10 +22,10 @@ def connection_kwargs(client: Any) -> dict[str, Any]:
 
 def blocking_cap_s(kwargs: dict[str, Any]) -> float:
     """Longest single BLMOVE wait that stays inside the client's socket timeout (s)."""
-    timeout = kwargs.get("socket_timeout")
-    if not timeout:
-        return 5.0
-    return max(0.01, min(5.0, float(timeout) * 0.8))
+    # A pool built by from_url() or by hand may not name socket_timeout, yet redis-py 8's
+    # connections then read with a 5 s timeout: assume that, never wait that long in one go.
+    timeout = kwargs.get("socket_timeout") or 5.0
+    return max(0.01, min(4.0, float(timeout) * 0.8))
 
 
 def server_versions(client: Any) -> list[str]:

@@ -7,7 +7,8 @@ a queue whose Redis stops answering stalls only its own heartbeat, never another
 
 A thread needs the GIL for a few microseconds per tick. Pure-Python CPU-bound work yields
 it every ``sys.getswitchinterval()`` (5 ms), so the keeper keeps up; a C extension that
-holds the GIL for longer than the lease (one huge regex match, a sort of a huge list)
+holds the GIL for longer than the lease (one huge regex match, ``sorted()`` of a huge
+list, ``sum(range(n))``, big-int arithmetic: measured by ``benchmarks/keeper_gil.py``)
 starves every Python thread, and then the lease can expire. Such work should run in a
 child process, as RQ's work horse and Celery's prefork pool already do.
 """

@@ -3,6 +3,7 @@ names, and real ``celery worker`` subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -82,10 +83,8 @@ class Worker:
 
     def kill9(self) -> None:
         """SIGKILL the main process and every pool child (the whole process group)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
 
     def stop(self, timeout: float = 30) -> None:

@@ -3,6 +3,7 @@ kill -9 at any point loses nothing, prefetch credit is respected without droppin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -144,10 +145,8 @@ def test_a_reply_beyond_the_prefetch_credit_is_released_not_lost(url: str, port:
             wait_for(lambda: r.llen(qa.name) == 0 and r.llen(qb.name) == 0, 5, "both taken")
             time.sleep(0.2)
             for _ in range(2):
-                try:
+                with contextlib.suppress(TimeoutError):
                     conn.drain_events(timeout=1)
-                except TimeoutError:
-                    pass
             assert len(got) == 1
             first = got[0].payload["q"]
             other = "b" if first == "a" else "a"
@@ -161,10 +160,8 @@ def test_a_reply_beyond_the_prefetch_credit_is_released_not_lost(url: str, port:
 
 
 def _drain(conn: kombu.Connection) -> bool:
-    try:
+    with contextlib.suppress(TimeoutError):
         conn.drain_events(timeout=0.2)
-    except TimeoutError:
-        pass
     return False
 
 
@@ -186,7 +183,6 @@ def test_consumer_cancel_hands_back_a_pending_claim_at_once(url: str, port: int,
 
 def test_ack_that_cannot_reach_redis_is_retried(url: str, port: int, kq: str) -> None:
     from belayq.errors import ConnectionLost
-
     from belayq_kombu import claims
 
     q = kombu.Queue(kq, routing_key=kq)

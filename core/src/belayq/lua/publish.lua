@@ -12,7 +12,14 @@
 -- Returns {id, created} where created is 1, or 0 when the dedup id suppressed the publish.
 -- @include common
 
-local earlier = earlier_reply()
+-- A re-sent publish must not store the message twice. In id mode the message hash is the
+-- proof (the id is fresh per call); inline mode keeps a short reply record instead.
+local earlier = nil
+if inline then
+  earlier = earlier_reply()
+elseif redis.call('EXISTS', mkey(ARGV[6])) == 1 then
+  earlier = {ARGV[6], 1}
+end
 if earlier then return earlier end
 
 local id = ARGV[6]
@@ -29,7 +36,8 @@ if dedup_id ~= '' then
   local first = redis.call('GET', dkey)
   if first then
     count('deduplicated', 1)
-    return remember({first, 0})
+    if inline then remember({first, 0}) end
+    return {first, 0}
   end
   redis.call('SET', dkey, id, 'PX', tonumber(ARGV[11]))
 end
@@ -48,4 +56,5 @@ else
   fix_door()
 end
 count('published', 1)
-return remember({id, 1})
+if inline then remember({id, 1}) end
+return {id, 1}

@@ -27,9 +27,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import kombu
+from kombu import connection as _connection
 
 from . import register
+
+Connection: Any = _connection.Connection  # kombu's annotations are partial
 
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -45,13 +47,13 @@ def _options(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def _connection(args: argparse.Namespace) -> kombu.Connection:
+def _connect(args: argparse.Namespace) -> Any:
     register()
     url = args.url
     if url.startswith(("redis://", "rediss://")):
-        return kombu.Connection(url, transport="belayq_kombu:Transport",
-                                transport_options=_options(args.option))
-    return kombu.Connection(url, transport_options=_options(args.option))
+        return Connection(url, transport="belayq_kombu:Transport",
+                          transport_options=_options(args.option))
+    return Connection(url, transport_options=_options(args.option))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.add_argument("--wait", type=float, default=None,
                            help="seconds to wait for leases to run out (default: lease + 5)")
     args = parser.parse_args(argv)
-    with _connection(args) as conn:
+    with _connect(args) as conn:
         channel = conn.default_channel
         queues = {name: channel.queue(name) for name in args.queue}
         if args.command == "stats":
@@ -79,9 +81,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "dead-letters":
             for name, rq in queues.items():
                 for d in rq.dead_letters(args.limit):
+                    payload = (d.payload or b"")[:200].decode("utf-8", "replace")
                     print(json.dumps({"queue": name, "id": d.id, "reason": d.reason,
                                       "deliveries": d.deliveries, "dead_at_ms": d.dead_at_ms,
-                                      "payload": (d.payload or b"")[:200].decode("utf-8", "replace")}))
+                                      "payload": payload}))
         elif args.command == "replay":
             for name, rq in queues.items():
                 print(f"{name}: replayed {rq.replay_dead(limit=args.limit)}")

@@ -14,9 +14,12 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from kombu.transport import redis as _stock
+
 from belayq import QueueConfig
 from belayq.errors import ConfigError
-from kombu.transport import redis as stock
+
+stock: Any = _stock  # kombu's annotations are partial; Any to mypy --strict
 
 #: belayq's own options: name -> (default, what it is). Times are in seconds, like kombu's.
 BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
@@ -48,7 +51,12 @@ CONNECTION_OPTIONS = frozenset(
 
 #: Read by the transport (timers, poll timeout) rather than by a channel.
 TRANSPORT_OPTIONS = frozenset(
-    {"polling_interval", "unacked_restore_interval", "health_check_interval", "reauth_check_interval"}
+    {
+        "polling_interval",
+        "unacked_restore_interval",
+        "health_check_interval",
+        "reauth_check_interval",
+    }
 )
 
 #: Stock names belayq refuses, with the reason.
@@ -106,7 +114,9 @@ def check(options: Mapping[str, Any]) -> None:
         _integer(options, name)
     for name in ("global_keyprefix", "sep"):
         if name in options and not isinstance(options[name], str):
-            raise ValueError(f"belayq:// transport option {name!r} must be a str, got {options[name]!r}")
+            raise ValueError(
+                f"belayq:// transport option {name!r} must be a str, got {options[name]!r}"
+            )
     if "sep" in options and not options["sep"]:
         raise ValueError("belayq:// transport option 'sep' must not be empty")
     core_options(_Merged(options))

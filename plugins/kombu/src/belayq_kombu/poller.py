@@ -1,20 +1,22 @@
 """The I/O side of the transport: one blocking claim per consumed queue, plus pub/sub.
 
 Each queue a channel consumes gets its own Redis connection (a :class:`Waiter`) on which the
-core's blocking claim command is sent without waiting for the reply; the poller watches the sockets, with
-Celery's event loop (the hub) or, without one, with its own ``poll()``. When a reply is
-readable the waiting channel reads it and hands the entry to the core's ``lease_claimed``,
-which registers the lease and claims more ready messages in the same script, up to the
-channel's prefetch credit. Fanout queues use the stock transport's PSUBSCRIBE connection.
+core's blocking claim (:meth:`~belayq.ReliableQueue.blmove_command`) is sent without waiting
+for the reply; the poller watches the sockets, with Celery's event loop (the hub) or,
+without one, with its own ``poll()``. When a reply is readable the waiting channel reads it
+and hands the entry to the core's ``lease_claimed``, which registers the lease and claims
+more ready messages in the same script, up to the channel's prefetch credit. Fanout queues
+use the stock transport's PSUBSCRIBE connection.
 
-A blocking claim is only sent while the channel has credit. A reply that arrives after the credit
-ran out is leased and released straight back (uncounted), never dropped. Between the blocking claim and
-``lease_claimed`` the entry sits in the core's processing list, where the sweep finds it if
-this process dies: no step loses a message.
+A blocking claim is only sent while the channel has credit. A reply that arrives after the
+credit ran out is leased and released straight back (uncounted), never dropped. Between
+the blocking claim and ``lease_claimed`` the entry sits in the core's processing list,
+where the sweep finds it if this process dies: no step loses a message.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from queue import Empty
@@ -22,7 +24,7 @@ from time import monotonic
 from typing import TYPE_CHECKING, Any
 
 import redis
-from kombu.utils.eventio import ERR, READ, poll
+from kombu.utils import eventio
 
 if TYPE_CHECKING:
     from belayq import ReliableQueue
@@ -30,6 +32,10 @@ if TYPE_CHECKING:
     from .transport import Channel
 
 log = logging.getLogger("belayq.kombu")
+
+_eventio: Any = eventio  # kombu's annotations are partial; Any to mypy --strict
+READ: int = _eventio.READ
+ERR: int = _eventio.ERR
 
 LISTEN = "LISTEN"
 
@@ -100,10 +106,8 @@ class Waiter:
         finally:
             self.sent_at = None
             conn.disconnect()
-            try:
+            with contextlib.suppress(Exception):
                 self.channel.async_pool.release(conn)
-            except Exception:
-                pass
         return entry
 
 
@@ -119,11 +123,12 @@ class Poller:
         self._channels: set[Channel] = set()
         self._fds: dict[int, tuple[Channel, Any]] = {}
         self._socks: dict[tuple[Channel, Any], tuple[Any, Any]] = {}
-        self.poller: Any = poll()
+        self.poller: Any = _eventio.poll()
         self.after_read: set[Callable[[], Any]] = set()
         self._remove_fd: Callable[[int], Any] = self._unregister
         self._next_sweep = 0.0
         self._next_adopt = 0.0
+        self._trefs: list[Any] = []  # the event loop's timers, cancelled on re-registration
 
     # -- channels and sockets ------------------------------------------------------
 
@@ -145,10 +150,8 @@ class Poller:
         return {fd: chan for fd, (chan, _) in self._fds.items()}
 
     def _unregister(self, fd: int) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(fd)
-        except (KeyError, ValueError, OSError):
-            pass
 
     def _register(self, channel: Channel, key: Any, conn: Any) -> None:
         sock = conn._sock

@@ -4,9 +4,9 @@ by belayq's core.
 What stays stock (inherited): URL and connection handling, the binding table, fanout over
 pub/sub (Celery's remote control, ``celery inspect`` and events), priorities' list names, the
 JSON envelope. What belayq replaces: publish (:meth:`ReliableQueue.publish`), the blocking
-pop (the core's blocking claim + ``lease_claimed``, see :mod:`.poller`), the unacked hash (leases the core keeps
-alive while the worker lives), ack/reject/restore (ack, nack, dead-letter, release), and the
-visibility-timeout restore (the core's sweep).
+pop (the core's blocking claim + ``lease_claimed``, see :mod:`.poller`), the unacked hash
+(leases the core keeps alive while the worker lives), ack/reject/restore (ack, nack,
+dead-letter, release), and the visibility-timeout restore (the core's sweep).
 
 Each kombu queue is one :class:`~belayq.ReliableQueue` whose ready lists are kombu's own
 lists (``celery``, ``celery\\x06\\x163``, ...) holding the stock envelopes, so stock producers,
@@ -22,19 +22,25 @@ from time import time
 from typing import Any
 
 import redis
+from kombu.transport import redis as _stock
+from kombu.transport import virtual as _virtual
+from kombu.utils import json as _json
+from kombu.utils.objects import cached_property
+
 from belayq import Delivery, ReliableQueue
 from belayq import __version__ as belayq_version
-from kombu.transport import redis as stock
-from kombu.transport import virtual
-from kombu.utils.encoding import bytes_to_str
-from kombu.utils.json import dumps, loads
-from kombu.utils.objects import cached_property
 
 from . import options
 from .claims import KEPT, RETRY, Claims, running_tags, tag_of
 from .poller import Poller, Waiter
 
 log = logging.getLogger("belayq.kombu")
+
+# kombu's annotations are partial; to mypy --strict these modules are Any.
+stock: Any = _stock
+virtual: Any = _virtual
+dumps: Any = _json.dumps
+loads: Any = _json.loads
 
 #: Property stamped on messages that carry an AMQP ``expiration`` (ms since the epoch).
 PUBLISHED_MS = "x-belayq-published-ms"
@@ -121,6 +127,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     starvation_floor = options.BELAYQ_OPTIONS["starvation_floor"][0]
     supports_batch_publish = False
     brpop_timeout: float = 1.0
+    _in_listen: Any = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -142,7 +149,8 @@ class Channel(stock.Channel):  # type: ignore[misc]
 
     @property
     def core_client(self) -> redis.Redis:
-        return self.connection.core_client(self)
+        client: redis.Redis = self.connection.core_client(self)
+        return client
 
     def queue(self, name: str) -> ReliableQueue:
         """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists)."""
@@ -154,6 +162,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
                 **self._core_options,
             )
             self.connection.queues[name] = rq
+        assert isinstance(rq, ReliableQueue)
         return rq
 
     # -- publish -----------------------------------------------------------------------
@@ -244,7 +253,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         delivered = False
         try:
             while envelopes:
-                raw, tag = envelopes.pop(0)
+                raw, _ = envelopes.pop(0)
                 self.connection._deliver(raw, queue)
                 delivered = True
         finally:
@@ -259,7 +268,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         settle_now: list[Delivery] = []
         for d in deliveries:
             try:
-                raw = loads(bytes_to_str(d.payload))
+                raw = loads(d.payload.decode('utf-8'))
                 props = raw["properties"]
             except Exception as exc:
                 rq.dead_letter(d, f"not a kombu message: {exc!r}"[:500])
@@ -356,6 +365,9 @@ def _expired(props: dict[str, Any]) -> bool:
         return False
 
 
+_Channel = Channel
+
+
 class Transport(stock.Transport):  # type: ignore[misc]
     """``belayq://``: Celery treats it as Redis (``driver_type``), with belayq's guarantees."""
 
@@ -380,12 +392,13 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.queues: dict[str, ReliableQueue] = {}
         self._core_client: redis.Redis | None = None
 
-    def core_client(self, channel: Channel) -> redis.Redis:
+    def core_client(self, channel: _Channel) -> redis.Redis:
         """The client the core's scripts run on (its own pool; thread-safe)."""
         if self._core_client is None:
             params = channel._connparams(asynchronous=False)
             params.setdefault("timeout", 20)
-            self._core_client = redis.Redis(connection_pool=redis.BlockingConnectionPool(**params))
+            pool = redis.BlockingConnectionPool(**params)  # type: ignore[no-untyped-call]
+            self._core_client = redis.Redis(connection_pool=pool)
         return self._core_client
 
     def driver_version(self) -> str:
@@ -407,10 +420,11 @@ class Transport(stock.Transport):  # type: ignore[misc]
             tref.cancel()
         opts = connection.client.transport_options or {}
         sweep_every = float(opts.get("sweep_interval", Channel.sweep_interval))
-        health_every = float(opts.get("health_check_interval") or stock.DEFAULT_HEALTH_CHECK_INTERVAL)
+        adopt_every = float(opts.get("unacked_restore_interval", 10))
+        health_every = float(opts.get("health_check_interval") or 25)
         cycle._trefs = [
             loop.call_repeatedly(sweep_every, cycle.maybe_sweep),
-            loop.call_repeatedly(float(opts.get("unacked_restore_interval", 10)), cycle.maybe_adopt),
+            loop.call_repeatedly(adopt_every, cycle.maybe_adopt),
             loop.call_repeatedly(health_every, cycle.maybe_check_health),
         ]
         if hasattr(stock.Channel, "maybe_refresh_binding_expiry"):

@@ -20,6 +20,7 @@ What they add to RQ's workers:
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -28,6 +29,7 @@ import rq.worker
 from rq.exceptions import ShutDownImminentException
 from rq.job import Job
 from rq.queue import Queue as RQQueue
+from rq.worker.base import SHUTDOWN_SIGNAL
 
 from . import settle
 from .claims import claim_of
@@ -86,6 +88,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
 
     queue_class = Queue
     _belayq_lost: str | None = None
+    _belayq_killed_on_purpose = False
 
     def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
         if isinstance(self, rq.worker.SpawnWorker):
@@ -111,6 +114,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         super().prepare_job_execution(job, False)
 
     def execute_job(self, job: Job, queue: RQQueue) -> None:
+        self._belayq_killed_on_purpose = False
         try:
             super().execute_job(job, queue)
         finally:
@@ -122,11 +126,15 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
 
     # -- lost attempts -------------------------------------------------------------------
 
+    def kill_horse(self, sig: signal.Signals = SHUTDOWN_SIGNAL) -> None:
+        # RQ kills the horse on purpose for `rq` kill-horse and stop-job commands, a job
+        # overrunning job.timeout + 60 s and a cold shutdown: none of them is a lost attempt.
+        self._belayq_killed_on_purpose = True
+        super().kill_horse(sig)
+
     def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
-        # RQ leaves ret_val None only when it killed the horse itself for overrunning
-        # job.timeout + 60 s: that is the job's failure, not a lost attempt.
-        if ret_val is not None:
+        if not self._belayq_killed_on_purpose:
             self._belayq_lost = job.id
 
     def handle_job_failure(
