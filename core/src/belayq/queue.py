@@ -171,11 +171,18 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         return _text(reply[0])
 
     @_redis_errors
-    def publish_many(self, payloads: Iterable[bytes | str], *, priority: int = 0) -> list[str]:
-        """Publish many messages in one pipeline; returns their ids in order."""
-        calls = [self._publish_args(p, priority, 0, None) for p in payloads]
-        rids = [str(c[0]) for c in calls]
-        return [_text(r[0]) for r in self._scripts.run_many("publish", calls, rids)]
+    def publish_many(
+        self, payloads: Iterable[bytes | str], *, priority: int = 0, batch: int = 100
+    ) -> list[str]:
+        """Publish many messages, ``batch`` per script call; returns their ids in order."""
+        groups = [self._publish_args(p, priority, 0, None) for p in payloads]
+        ids: list[str] = []
+        for start in range(0, len(groups), batch):
+            chunk = groups[start : start + batch]
+            args = [a for g in chunk for a in g]
+            reply = self._scripts.run("publish", *args, request_id=str(chunk[0][0]))
+            ids += [_text(x) for x in reply[::2]]
+        return ids
 
     # -- consuming -------------------------------------------------------------------
 

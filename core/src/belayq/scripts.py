@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
 
-import redis
 from redis.exceptions import NoScriptError
 
 from .config import QueueConfig
@@ -105,38 +103,3 @@ class ScriptRunner:
         n = len(self.keys_vector)
         common = self.common_args(request_id)
         pipeline.execute_command("EVALSHA", sha(name), n, *self.keys_vector, *common, *args)
-
-    def run_many(
-        self, name: str, calls: Sequence[Sequence[Arg]], request_ids: Sequence[str]
-    ) -> list[Any]:
-        """Run script ``name`` once per argument list in one pipeline (no transaction).
-
-        Commands that failed with NOSCRIPT are rerun after a reload; the others are not,
-        so no call runs twice.
-        """
-        if not calls:
-            return []
-        n = len(self.keys_vector)
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        for _attempt in range(2):
-            pipe = self.client.pipeline(transaction=False)
-            for i in pending:
-                # execute_command: redis-py's ClusterPipeline blocks the evalsha method
-                # but routes a raw EVALSHA by its keys.
-                common = self.common_args(request_ids[i])
-                pipe.execute_command("EVALSHA", sha(name), n, *self.keys_vector, *common, *calls[i])
-            replies = pipe.execute(raise_on_error=False)
-            retry = []
-            for i, reply in zip(pending, replies, strict=True):
-                if isinstance(reply, NoScriptError):
-                    retry.append(i)
-                elif isinstance(reply, Exception):
-                    raise reply
-                else:
-                    results[i] = reply
-            if not retry:
-                return results
-            self.client.script_load(source(name))
-            pending = retry
-        raise redis.ResponseError(f"script {name} could not be loaded")

@@ -1,60 +1,60 @@
--- publish.lua: store one message and make it ready (or delayed).
+-- publish.lua: store messages and make them ready (or delayed), in order.
 --
--- KEYS: the common vector (lib/common.lua); writes the ready list of the message's level,
---   `delayed`, `stats`, the message hash and the dedup key.
--- ARGV[6] id            message id chosen by the client (ignored in inline mode: sha1 of payload)
--- ARGV[7] payload       bytes
--- ARGV[8] level         1-based priority level
--- ARGV[9] delay_ms      0 = ready now; > 0 = due after that many ms (server clock)
--- ARGV[10] dedup_id      '' = no dedup; else a publish with the same dedup id within the
---                       window returns the first message's id and stores nothing
--- ARGV[11] dedup_window_ms
--- Returns {id, created} where created is 1, or 0 when the dedup id suppressed the publish.
+-- KEYS: the common vector (lib/common.lua); writes the ready lists of the messages' levels,
+--   `delayed`, `stats`, the message hashes and the dedup keys.
+-- ARGV[6..] one group of six per message:
+--   id              chosen by the client (in inline mode the id comes from the payload)
+--   payload         bytes
+--   level           1-based priority level
+--   delay_ms        0 = ready now; > 0 = due after that many ms (server clock)
+--   dedup_id        '' = no dedup; else a publish with the same dedup id within the
+--                   window returns the first message's id and stores nothing
+--   dedup_window_ms
+-- Returns {id1, created1, id2, created2, ...}; created is 1, or 0 when a dedup id
+-- suppressed that message.
 -- @include common
 
--- A re-sent publish must not store the message twice. In id mode the message hash is the
--- proof (the id is fresh per call); inline mode keeps a short reply record instead.
-local earlier = nil
+-- A re-sent publish must not store a message twice. In id mode the message hash is the
+-- proof (ids are fresh per call); inline mode keeps a short reply record instead.
 if inline then
-  earlier = earlier_reply()
-elseif redis.call('EXISTS', mkey(ARGV[6])) == 1 then
-  earlier = {ARGV[6], 1}
+  local earlier = earlier_reply()
+  if earlier then return earlier end
 end
-if earlier then return earlier end
 
-local id = ARGV[6]
-local payload = ARGV[7]
-local lvl = tonumber(ARGV[8])
-local delay_ms = tonumber(ARGV[9])
-local dedup_id = ARGV[10]
 local now = now_ms()
-
-if inline then id = id_of(payload) end
-
-if dedup_id ~= '' then
-  local dkey = base .. 'dedup:' .. dedup_id
-  local first = redis.call('GET', dkey)
-  if first then
+local out = {}
+local published = 0
+for g = 6, #ARGV, 6 do
+  local id, payload = ARGV[g], ARGV[g + 1]
+  local lvl, delay_ms = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3])
+  local dedup_id = ARGV[g + 4]
+  if inline then id = id_of(payload) end
+  local created = 1
+  if not inline and redis.call('EXISTS', mkey(id)) == 1 then
+    created = 1  -- this very call ran before (a re-send): already stored
+  elseif dedup_id ~= '' and redis.call('SET', base .. 'dedup:' .. dedup_id, id, 'NX',
+      'PX', tonumber(ARGV[g + 5])) == false then
+    id = redis.call('GET', base .. 'dedup:' .. dedup_id)
+    created = 0
     count('deduplicated', 1)
-    if inline then remember({first, 0}) end
-    return {first, 0}
+  else
+    local m = mkey(id)
+    if not inline then
+      redis.call('HSET', m, 'p', payload, 'l', lvl, 'u', now)
+    elseif delay_ms > 0 then
+      redis.call('HSET', m, 'p', payload, 'l', lvl)
+    end
+    if delay_ms > 0 then
+      redis.call('ZADD', delayed, now + delay_ms, id)
+    else
+      redis.call('LPUSH', levels[lvl], inline and payload or id)
+    end
+    published = published + 1
   end
-  redis.call('SET', dkey, id, 'PX', tonumber(ARGV[11]))
+  out[#out + 1] = id
+  out[#out + 1] = created
 end
-
-local m = mkey(id)
-if not inline then
-  redis.call('HSET', m, 'p', payload, 'l', lvl, 'u', now)
-elseif delay_ms > 0 then
-  redis.call('HSET', m, 'p', payload, 'l', lvl)
-end
-
-if delay_ms > 0 then
-  redis.call('ZADD', delayed, now + delay_ms, id)
-else
-  redis.call('LPUSH', levels[lvl], inline and payload or id)
-  fix_door()
-end
-count('published', 1)
-if inline then remember({id, 1}) end
-return {id, 1}
+fix_door()
+count('published', published)
+if inline then remember(out) end
+return out
