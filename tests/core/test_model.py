@@ -113,6 +113,9 @@ class Model:
 
     Lists are in LRANGE order: a ready level's *front* (the next claim) is its right end,
     publish and promotion add at the left (back), nack/sweep/release add at the right.
+    Level 1 may hold a bell (common.lua's wake-up marker for blocked claimers); where the
+    scripts ring it is theirs to choose, so the machine copies its place from Redis after
+    each step and checks only what it is for (see ``agrees_with_model``).
     """
 
     def __init__(
@@ -151,12 +154,6 @@ class Model:
         m = self.msgs.get(mid)
         return token != "0" and m is not None and m.token == token
 
-    def fix_door(self) -> None:
-        if len(self.levels) < 2 or self.levels[0]:
-            return
-        if any(self.levels[1:]):
-            self.levels[0].append(BELL)
-
     def push_ready(self, mid: str, front: bool) -> None:
         m = self.msgs[mid]
         lst = self.levels[m.level - 1]
@@ -189,7 +186,7 @@ class Model:
         if may_die and m.n >= self.max_deliveries:
             self.dead_letter(
                 mid,
-                f"{reason or ''} (after {m.n} deliveries, max_deliveries={self.max_deliveries})",
+                f"{reason or 'failed'} (delivered {m.n} times, max_deliveries={self.max_deliveries})",
             )
             return "dead"
         if delay > 0:
@@ -306,7 +303,6 @@ class Model:
             m.state = "delayed"
         else:
             self.levels[level - 1].insert(0, mid)
-            self.fix_door()
         self.counters["published"] += 1
         return None
 
@@ -315,7 +311,6 @@ class Model:
         self.promote_due(self.sweep_limit)
         out: list[tuple[str, bytes, str, int]] = []
         self.claim_ready(want, out)
-        self.fix_door()
         return out
 
     def blmove(self) -> str | None:
@@ -342,7 +337,6 @@ class Model:
                 want -= 1
         if want > 0:
             self.claim_ready(want, out)
-        self.fix_door()
         return out
 
     def ack(self, pairs: list[tuple[str, str]]) -> list[bool]:
@@ -371,7 +365,6 @@ class Model:
             self.dead_letter(mid, reason)
             return "dead"
         outcome = self.send_back(mid, delay, reason, True, True)
-        self.fix_door()
         return outcome
 
     def extend(self, pairs: list[tuple[str, str]]) -> list[bool]:
@@ -395,7 +388,6 @@ class Model:
                 released += 1
             else:
                 self.counters["stale_acks"] += 1
-        self.fix_door()
         self.counters["released"] += released
         return released
 
@@ -412,7 +404,6 @@ class Model:
                 orphans += 1
         self.counters["orphans_found"] += orphans
         promoted = self.promote_due(SWEEP_LIMIT)
-        self.fix_door()
         self.counters["sweeps"] += 1
         return (True, reclaimed, died, adopted, promoted, orphans)
 
@@ -427,7 +418,6 @@ class Model:
             m = self.msgs[mid]
             m.n, m.err, m.token = 0, None, None
             self.push_ready(mid, False)
-        self.fix_door()
         self.counters["replayed"] += len(chosen)
         return len(chosen)
 
@@ -503,6 +493,9 @@ class QueueMachine(RuleBasedStateMachine):
         # (kind, args) -> (first reply, server ms just before and just after that call)
         self.replies: dict[tuple[Any, ...], tuple[Any, int, int]] = {}
         self.options: dict[str, Any] = {}
+        self.door_ok = True  # see agrees_with_model
+        self.last_plain: list[list[str]] = []
+        self.blmoved = False
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -695,6 +688,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.begin()
         q = self.q_of(consumer)
         entry = self.client.execute_command(*q.blmove_command(0.001))
+        self.blmoved = True
         expected = self.m.blmove()
         assert (None if entry is None else _s(entry)) == expected
         if expected is not None:
@@ -965,7 +959,7 @@ class QueueMachine(RuleBasedStateMachine):
         where.update(list(delayed))
         unlisted = set(leases) - set(processing)  # leased, yet not in processing
         where.update(unlisted)  # still in flight (the lease holds it)
-        assert all(BELL not in lst for lst in levels[1:])
+        assert all(BELL not in lst for lst in levels[1:]), "a bell below level 1"
         assert set(where) <= set(m.msgs), f"unknown entries: {set(where) - set(m.msgs)}"
         for msg in m.msgs.values():
             if msg.state in LIVE:
@@ -980,8 +974,20 @@ class QueueMachine(RuleBasedStateMachine):
             reason = _s(hashes[mid].get(b"e", b""))
             assert reason.strip(), f"dead letter {mid} has no reason"
 
+        # Bells are wake-up markers, not messages: the model takes their places in level 1
+        # from Redis, and checks what they are for. At most one; and after every step that
+        # moved ready work (but a bare BLMOVE, whose lease.lua would do it), level 1 is
+        # non-empty whenever a lower level holds work, so a claimer blocked on it wakes.
+        plain = [[e for e in lst if e != BELL] for lst in levels]
+        assert levels[0].count(BELL) <= 1, levels[0]
+        door = len(levels) < 2 or bool(levels[0]) or not any(levels[1:])
+        if not self.blmoved and (self.door_ok or plain != self.last_plain):
+            assert door, f"level 1 is empty while lower levels hold work: {levels}"
+        self.door_ok, self.last_plain, self.blmoved = door, plain, False
+        m.levels[0] = list(levels[0])
+
         # Exact agreement with the model.
-        assert levels == m.levels
+        assert plain == [[e for e in lst if e != BELL] for lst in m.levels]
         assert processing == m.processing
         assert leases == {mid: e[1] for mid, e in m.leases.items()}
         assert delayed == {mid: e[1] for mid, e in m.delayed.items()}

@@ -207,7 +207,8 @@ local function send_back(id, entry, now, delay_ms, reason, front, may_die)
   if reason and reason ~= '' then redis.call('HSET', m, 'e', reason) end
   local n = tonumber(redis.call('HGET', m, 'n') or '0') or 0
   if may_die and n >= max_deliveries then
-    dead_letter(id, (reason or '') .. ' (after ' .. n .. ' deliveries, max_deliveries=' ..
+    local why = (reason and reason ~= '') and reason or 'failed'
+    dead_letter(id, why .. ' (delivered ' .. n .. ' times, max_deliveries=' ..
       max_deliveries .. ')', now)
     return 'dead'
   end
