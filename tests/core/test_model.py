@@ -186,7 +186,8 @@ class Model:
         if may_die and m.n >= self.max_deliveries:
             self.dead_letter(
                 mid,
-                f"{reason or 'failed'} (delivered {m.n} times, max_deliveries={self.max_deliveries})",
+                f"{reason or 'failed'} (delivered {m.n} times, "
+                f"max_deliveries={self.max_deliveries})",
             )
             return "dead"
         if delay > 0:
