@@ -32,6 +32,8 @@ class QueueConfig:
         payload_in_list: When true the ready list holds the payloads themselves (a list that
             stock kombu producers or RQ push to); when false it holds ids and the payload
             lives in a per-message hash.
+        ready_head: Which end of the ready lists is claimed next: ``"right"`` (producers
+            LPUSH, as kombu's) or ``"left"`` (producers RPUSH, as RQ's ``rq:queue:NAME``).
         prefix: First part of every key belayq builds.
     """
 
@@ -47,6 +49,7 @@ class QueueConfig:
     priority_steps: tuple[int, ...] = field(default=DEFAULT_PRIORITY_STEPS)
     starvation_floor: float = 0.0
     payload_in_list: bool = False
+    ready_head: str = "right"
     prefix: str = "belayq"
 
     def __post_init__(self) -> None:
@@ -75,6 +78,8 @@ class QueueConfig:
             raise ConfigError(
                 f"starvation_floor must be within 0..0.5, got {self.starvation_floor}"
             )
+        if self.ready_head not in ("right", "left"):
+            raise ConfigError(f"ready_head must be 'right' or 'left', got {self.ready_head!r}")
         if not self.prefix or any(c in self.prefix for c in "{}"):
             raise ConfigError(f"prefix must be non-empty and hold no braces, got {self.prefix!r}")
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -13,6 +15,19 @@ from ._support import text as _text
 from .models import Delivery, SweepResult
 
 log = logging.getLogger("belayq")
+
+# Every queue object, so that a forked child gets fresh locks: a keeper thread of the
+# parent may hold one at the instant of the fork, and the child would block forever on
+# its first settle.
+FORKABLE: weakref.WeakSet[HeldClaims] = weakref.WeakSet()
+
+
+def _relock_after_fork() -> None:
+    for q in list(FORKABLE):
+        q._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_relock_after_fork)
 
 
 class HeldClaims:
@@ -52,6 +67,11 @@ class HeldClaims:
                     d.id in self._held and self._held[d.id].token == d.token
                 ):
                     del self._held[d.id]
+
+    def forget(self, deliveries: Iterable[Delivery]) -> None:
+        """Stop keeping the leases of claims that another process settled (a forked child
+        that acked inside its own transaction). No Redis call."""
+        self._forget(deliveries)
 
     @contextlib.contextmanager
     def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:

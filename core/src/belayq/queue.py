@@ -21,7 +21,7 @@ from ._support import text as _text
 from .admin import QueueAdmin
 from .config import QueueConfig
 from .errors import ConfigError, RedisTooOld, SchemaMismatch
-from .holding import HeldClaims
+from .holding import FORKABLE, HeldClaims
 from .keys import SCHEMA_VERSION, QueueKeys
 from .lease import KEEPER
 from .models import Delivery, SweepResult
@@ -95,6 +95,7 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         self._use_keeper = keeper
         self._held: dict[str, Delivery] = {}
         self._lock = threading.Lock()
+        FORKABLE.add(self)
         self._connect()
 
     @_redis_errors
@@ -242,7 +243,7 @@ class ReliableQueue(HeldClaims, QueueAdmin):
             "BLMOVE",
             self.keys.ready,
             self.keys.processing,
-            "RIGHT",
+            self.config.ready_head.upper(),
             "LEFT",
             max(timeout, 0.001),
         )

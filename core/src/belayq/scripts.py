@@ -76,7 +76,7 @@ class ScriptRunner:
 
     def common_args(self, request_id: str = "") -> list[Arg]:
         c = self.config
-        inline = "1" if c.payload_in_list else "0"
+        inline = ("1" if c.payload_in_list else "0") + ("L" if c.ready_head == "left" else "")
         return [self.skew_ms, inline, c.max_deliveries, c.dead_letter_max, request_id]
 
     def load_all(self) -> None:
@@ -95,7 +95,9 @@ class ScriptRunner:
         try:
             return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
         except NoScriptError:
-            self.client.script_load(source(name))
+            # The server lost its script cache (restart, SCRIPT FLUSH): reload them all, so
+            # the EVALSHAs that queue_on puts in callers' transactions find theirs too.
+            self.load_all()
             return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
 
     def queue_on(self, pipeline: Any, name: str, *args: Arg, request_id: str = "") -> None:

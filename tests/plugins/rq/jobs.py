@@ -62,6 +62,20 @@ def sleeper(seconds: float) -> float:
     return seconds
 
 
+def hold_gil(seconds: float) -> float:
+    """One C call that keeps the GIL for about ``seconds`` (sum over a range never lets
+    another thread of this process run)."""
+    _record("start")
+    t0 = time.perf_counter()
+    sum(range(2_000_000))
+    per_item = (time.perf_counter() - t0) / 2_000_000
+    t0 = time.perf_counter()
+    sum(range(int(seconds / per_item)))
+    held = time.perf_counter() - t0
+    _record("done")
+    return held
+
+
 def fail() -> None:
     _record("start")
     raise ValueError("this job always fails")

@@ -19,7 +19,7 @@ import time
 import pytest
 import redis
 import rq
-from rq.job import Job, JobStatus
+from rq.job import Dependency, Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 import belayq_rq
@@ -130,8 +130,11 @@ def test_job_that_kills_its_horse_every_time_fails_after_max_deliveries(
     conn: redis.Redis, workers: Workers
 ) -> None:
     workers.start("q1", worker_class=FAST)
-    job = rq.Queue("q1", connection=conn).enqueue(jobs.kill_my_horse)
+    q = rq.Queue("q1", connection=conn)
+    job = q.enqueue(jobs.kill_my_horse)
+    after = q.enqueue(jobs.add, 1, 1, depends_on=Dependency(jobs=[job], allow_failure=True))
     wait_for(lambda: status(conn, job.id) == JobStatus.FAILED, 60, "the job to fail")
+    wait_for(lambda: status(conn, after.id) == JobStatus.FINISHED, 30, "its dependent to run")
     assert len(runs(conn, job.id)) == jobs.MAX_DELIVERIES
     assert job.id in FailedJobRegistry("q1", connection=conn).get_job_ids()
     reason = Job.fetch(job.id, connection=conn).latest_result().exc_string
@@ -175,6 +178,22 @@ def test_job_running_three_times_the_lease_runs_exactly_once(
     assert_settled_cleanly(conn, "q1", job.id)
 
 
+def test_job_holding_the_gil_keeps_its_lease_in_the_forking_worker(
+    conn: redis.Redis, workers: Workers
+) -> None:
+    """The lease is renewed by the worker's parent, which runs no job code: a job that
+    holds the GIL in its work horse for 3x the lease is not taken by the idle worker."""
+    workers.start("q1", worker_class=FAST)
+    workers.start("q1", worker_class=FAST)
+    job = rq.Queue("q1", connection=conn).enqueue(jobs.hold_gil, 3 * jobs.SHORT_LEASE_MS / 1000)
+    wait_for(lambda: status(conn, job.id) == JobStatus.FINISHED, 90, "the job to finish")
+    held = Job.fetch(job.id, connection=conn).return_value()
+    print(f"\n[Worker] a job held the GIL for {held:.1f} s (lease 2 s): ran once")
+    assert held > 2 * jobs.SHORT_LEASE_MS / 1000
+    time.sleep(jobs.SHORT_LEASE_MS / 1000 + 1)
+    assert [e for e, _, _ in runs(conn, job.id)] == ["start", "done"], workers.logs()
+
+
 def test_stopped_job_is_not_redelivered(conn: redis.Redis, workers: Workers) -> None:
     """`rq` stop-job (RQ kills the horse on purpose): STOPPED, acked, not run again."""
     from rq.command import send_stop_job_command
@@ -208,6 +227,9 @@ def test_worker_pool_with_the_belayq_worker_class(conn: redis.Redis, rq_url: str
     assert [status(conn, j.id) for j in js] == [JobStatus.FINISHED] * 4
     stats = belayq_rq.Queue("q1", connection=conn).belayq().stats()
     assert stats["claimed"] == 4 and stats["acked"] == 4, stats
+    info = subprocess.run([str(RQ_BIN), "info", "-u", rq_url], env=child_env(), cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0 and "q1" in info.stdout, info.stdout + info.stderr
 
 
 @pytest.mark.parametrize(

@@ -47,7 +47,7 @@ for g = 6, #ARGV, 6 do
     if delay_ms > 0 then
       redis.call('ZADD', delayed, now + delay_ms, id)
     else
-      redis.call('LPUSH', levels[lvl], inline and payload or id)
+      push_tail(levels[lvl], inline and payload or id)
     end
     published = published + 1
   end

@@ -13,21 +13,23 @@ import inspect
 import logging
 from collections.abc import Iterable, Mapping
 from types import FrameType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
 from redis import Redis
 from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue as RQQueue
-from rq.serializers import Serializer
-from rq.timeouts import BaseDeathPenalty
 
 from belayq import ConnectionLost, Delivery, ReliableQueue
 from belayq.multi import claim_any
 
 from . import settle
 from .claims import Claim, attach, core_for
+
+if TYPE_CHECKING:
+    from rq.serializers import Serializer
+    from rq.timeouts import BaseDeathPenalty
 
 log = logging.getLogger("belayq_rq")
 
@@ -113,8 +115,8 @@ class Queue(RQQueue):
             else cls(q.name, connection=connection, job_class=job_cls, serializer=serializer)
             for q in queues
         ]
-        by_name = {q.name: q for q in rq_queues}
         cores = [q.belayq(connection) for q in rq_queues]
+        by_name = {q.name: (q, core) for q, core in zip(rq_queues, cores, strict=True)}
         while True:
             try:
                 got = claim_any(cores, 0 if timeout is None else timeout)
@@ -124,10 +126,8 @@ class Queue(RQQueue):
                 if timeout is None:
                     return None
                 raise DequeueTimeout(timeout, [q.key for q in rq_queues])
-            delivery = got[0]
-            queue = by_name[delivery.queue]
-            job = _admit(queue, cores[rq_queues.index(queue)], delivery, job_cls, serializer,
-                         death_penalty_class)
+            queue, core = by_name[got[0].queue]
+            job = _admit(queue, core, got[0], job_cls, serializer, death_penalty_class)
             if job is not None:
                 return job, queue
 

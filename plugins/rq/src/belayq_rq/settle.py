@@ -9,18 +9,21 @@ through RQ's own API.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import traceback
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis.client import Pipeline
 from rq.exceptions import AbandonedJobError
 from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.queue import Queue as RQQueue
-from rq.timeouts import BaseDeathPenalty
 
 from .claims import Claim
+
+if TYPE_CHECKING:
+    from redis.client import Pipeline
+    from rq.timeouts import BaseDeathPenalty
 
 log = logging.getLogger("belayq_rq")
 
@@ -39,6 +42,14 @@ def drop_stale_executions(job: Job, pipeline: Pipeline) -> int:
         execution = Execution(execution_id, job.id, connection=job.connection)
         execution.delete(job=job, pipeline=pipeline)
     return len(ids)
+
+
+def _cleanup_execution(worker: Any, job: Job, pipeline: Pipeline) -> None:
+    """RQ's own cleanup of the worker's current execution, without belayq's ack (the
+    callers settle the claim themselves)."""
+    from rq.worker import BaseWorker
+
+    BaseWorker.cleanup_execution(worker, job, pipeline)
 
 
 def lost_reason(claim: Claim, cause: str) -> str:
@@ -77,10 +88,11 @@ def fail_for_good(
         job.set_status(JobStatus.FAILED, pipeline=pipe)
         drop_stale_executions(job, pipe)
         if worker is not None:
-            from rq.executions import cleanup_execution
-
-            cleanup_execution(worker, job, pipe)
-        job._handle_failure(reason, pipeline=pipe, worker_name=getattr(worker, "name", ""))
+            _cleanup_execution(worker, job, pipe)
+        if "worker_name" in inspect.signature(job._handle_failure).parameters:  # rq >= 2.1
+            job._handle_failure(reason, pipeline=pipe, worker_name=getattr(worker, "name", ""))
+        else:
+            job._handle_failure(reason, pipeline=pipe)
         claim.core.ack_on(pipe, [claim.delivery])
         pipe.execute()
     if death_penalty_class is not None:
@@ -106,11 +118,9 @@ def requeue_lost(job: Job, claim: Claim, worker: Any, cause: str) -> str:
     Returns:
         The core's outcome: ``"ready"``, or ``"stale"`` when the lease was already lost.
     """
-    from rq.executions import cleanup_execution
-
     with job.connection.pipeline() as pipe:
         job.set_status(JobStatus.QUEUED, pipeline=pipe)
-        cleanup_execution(worker, job, pipe)
+        _cleanup_execution(worker, job, pipe)
         pipe.execute()
     outcome = claim.core.nack(claim.delivery, delay_ms=0, reason=cause)
     log.warning(

@@ -14,28 +14,33 @@ What they add to RQ's workers:
   instead of failing it; after ``max_deliveries`` lost attempts it goes to the
   FailedJobRegistry;
 * each maintenance pass first runs belayq's sweep, and spares from RQ's abandoned-job
-  cleanup the jobs that the sweep already put back in their queue.
+  cleanup the jobs that the sweep already put back in their queue;
+* RQ's own bookkeeping repeats within a millisecond (three heartbeats and two identical
+  state writes per job) are sent once: 11 round trips per job instead of RQ's 19.
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import sys
+import time
 from typing import Any
 
+import redis
 import rq
 import rq.worker
-from rq.exceptions import ShutDownImminentException
+from rq.exceptions import NoSuchJobError, ShutDownImminentException
 from rq.job import Job
 from rq.queue import Queue as RQQueue
-from rq.worker.base import SHUTDOWN_SIGNAL
+
+from belayq import BelayqError
 
 from . import settle
 from .claims import claim_of
 from .queue import Queue
 
 log = logging.getLogger("belayq_rq")
+_REPEAT_S = 0.1
 
 
 def _upgrade_queue_class(owner: type, queue_class: Any) -> type[Queue]:
@@ -89,9 +94,12 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
     queue_class = Queue
     _belayq_lost: str | None = None
     _belayq_killed_on_purpose = False
+    _belayq_beat_at = float("-inf")
+    _belayq_state_at: tuple[str, float] = ("", float("-inf"))
 
     def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
-        if isinstance(self, rq.worker.SpawnWorker):
+        spawn = getattr(rq.worker, "SpawnWorker", None)  # rq >= 2.2
+        if spawn is not None and isinstance(self, spawn):
             raise TypeError(
                 "SpawnWorker runs each job with RQ's stock classes in a new interpreter, where "
                 "belayq cannot ack it: use belayq_rq.Worker (fork) or belayq_rq.SimpleWorker"
@@ -126,11 +134,11 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
 
     # -- lost attempts -------------------------------------------------------------------
 
-    def kill_horse(self, sig: signal.Signals = SHUTDOWN_SIGNAL) -> None:
+    def kill_horse(self, *args: Any, **kwargs: Any) -> None:
         # RQ kills the horse on purpose for `rq` kill-horse and stop-job commands, a job
         # overrunning job.timeout + 60 s and a cold shutdown: none of them is a lost attempt.
         self._belayq_killed_on_purpose = True
-        super().kill_horse(sig)
+        super().kill_horse(*args, **kwargs)
 
     def handle_work_horse_killed(self, job: Job, retpid: Any, ret_val: Any, rusage: Any) -> None:
         super().handle_work_horse_killed(job, retpid, ret_val, rusage)  # type: ignore[no-untyped-call]
@@ -175,6 +183,32 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             return True
         return isinstance(exc, SystemExit) and bool(getattr(self, "_stop_requested", False))
 
+    # -- fewer round trips for RQ's own bookkeeping ------------------------------------
+    # A stock worker sends three heartbeats (two round trips each) and writes the same
+    # "idle" state twice around every job, within a millisecond. Repeats within
+    # _REPEAT_S are dropped: the worker key's TTL is minutes, so nothing observable
+    # changes, and the saved round trips pay for the claim and ack scripts.
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        now = time.monotonic()
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+        elif timeout is None and now - self._belayq_beat_at < _REPEAT_S:
+            return
+        else:
+            with self.connection.pipeline(transaction=False) as pipe:
+                super().heartbeat(timeout, pipeline=pipe)
+                pipe.execute()
+        self._belayq_beat_at = now
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        now = time.monotonic()
+        last_state, at = self._belayq_state_at
+        if pipeline is None and state == last_state == self._state and now - at < _REPEAT_S:
+            return
+        super().set_state(state, pipeline=pipeline)
+        self._belayq_state_at = (state, now)
+
     # -- maintenance ---------------------------------------------------------------------
 
     def clean_registries(self) -> None:
@@ -185,7 +219,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             try:
                 queue.belayq(self.connection).sweep()
                 _spare_requeued(queue)
-            except Exception:
+            except (redis.RedisError, BelayqError):  # RQ's own cleanup below reports it
                 log.warning("belayq sweep of %s failed", queue.name, exc_info=True)
         super().clean_registries()  # type: ignore[no-untyped-call]
 
@@ -201,7 +235,7 @@ def _spare_requeued(queue: Queue) -> None:
             job = queue.job_class.fetch(
                 job_id, connection=queue.connection, serializer=queue.serializer
             )
-        except Exception:
+        except NoSuchJobError:
             continue
         with queue.connection.pipeline() as pipe:
             if settle.drop_stale_executions(job, pipe):

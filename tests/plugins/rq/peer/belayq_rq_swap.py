@@ -11,6 +11,7 @@ stock Worker, so with belayq queues they refuse to start (by design).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 import sys
@@ -33,10 +34,8 @@ def swap() -> None:
     for info in pkgutil.walk_packages(rq.__path__, "rq."):
         if info.name.startswith("rq.contrib"):
             continue
-        try:
+        with contextlib.suppress(Exception):  # optional dependencies of some modules
             importlib.import_module(info.name)
-        except Exception:  # optional dependencies (sentry, ...) of contrib modules
-            pass
     table: dict[int, Any] = {
         id(rq.queue.Queue): belayq_rq.Queue,
         id(rq.worker.Worker): belayq_rq.Worker,
@@ -54,7 +53,11 @@ def swap() -> None:
         for attr, value in list(vars(module).items()):
             if id(value) in table:
                 setattr(module, attr, table[id(value)])
-            elif isinstance(value, type) and value.__module__.startswith("rq") and id(value) not in ours:
+            elif (
+                isinstance(value, type)
+                and value.__module__.startswith("rq")
+                and id(value) not in ours
+            ):
                 for cattr in ("queue_class", "worker_class"):
                     if id(value.__dict__.get(cattr)) in table:
                         setattr(value, cattr, fix(value.__dict__[cattr]))

@@ -13,8 +13,11 @@
 --
 -- ARGV, the same first five for every script:
 --   ARGV[1]  skew_ms         added to the server clock; 0 except in tests that move time
---   ARGV[2]  inline          '1': list entries are the payloads themselves (id = sha1 of the
---                            entry); '0': entries are ids, payloads live in the message hash
+--   ARGV[2]  mode            first char '1': list entries are the payloads themselves (id =
+--                            sha1 of the entry); '0': entries are ids, payloads live in the
+--                            message hash. Optional second char 'L': the head of the ready
+--                            lists (claimed next) is their LEFT end, as RQ's (producers RPUSH);
+--                            otherwise it is the RIGHT end, as kombu's (producers LPUSH)
 --   ARGV[3]  max_deliveries  deliveries after which a failed message is dead-lettered
 --   ARGV[4]  dead_max        cap of the dead-letter list
 --   ARGV[5]  request_id      '' or an id the client gives a non-idempotent call (publish,
@@ -39,7 +42,8 @@ for i = 7, #KEYS do levels[#levels + 1] = KEYS[i] end
 local base = string.sub(processing, 1, -11)
 
 local skew_ms = tonumber(ARGV[1])
-local inline = ARGV[2] == '1'
+local inline = string.sub(ARGV[2], 1, 1) == '1'
+local HEAD = string.sub(ARGV[2], 2, 2) == 'L' and 'LEFT' or 'RIGHT'
 local max_deliveries = tonumber(ARGV[3])
 local dead_max = tonumber(ARGV[4])
 local request_id = ARGV[5]
@@ -85,6 +89,21 @@ local function level_of(id)
   if l < 1 then return 1 end
   if l > #levels then return #levels end
   return l
+end
+
+-- The head is the end claims take from: 'front' pushes go there, publishes to the tail.
+local function push_head(list, value)
+  if HEAD == 'LEFT' then return redis.call('LPUSH', list, value) end
+  return redis.call('RPUSH', list, value)
+end
+
+local function push_tail(list, value)
+  if HEAD == 'LEFT' then return redis.call('RPUSH', list, value) end
+  return redis.call('LPUSH', list, value)
+end
+
+local function head_of(list)
+  return redis.call('LINDEX', list, HEAD == 'LEFT' and 0 or -1)
 end
 
 local function count(field, by)
@@ -167,19 +186,19 @@ local function fix_door()
   if #levels < 2 or redis.call('LLEN', levels[1]) > 0 then return end
   for i = 2, #levels do
     if redis.call('LLEN', levels[i]) > 0 then
-      redis.call('RPUSH', levels[1], BELL)
+      push_head(levels[1], BELL)
       return
     end
   end
 end
 
--- Put an entry back on its ready list: front = next to be claimed (claims pop RIGHT).
+-- Put an entry back on its ready list: front = next to be claimed (at the head).
 local function push_ready(id, entry, front)
   local lvl = level_of(id)
   if front then
-    redis.call('RPUSH', levels[lvl], entry)
+    push_head(levels[lvl], entry)
   else
-    redis.call('LPUSH', levels[lvl], entry)
+    push_tail(levels[lvl], entry)
   end
 end
 
@@ -322,7 +341,9 @@ local function pick_level(floor_every)
   if #levels == 1 then return 1 end  -- no bells without lower levels; LMOVE tells if empty
   local top = nil
   for i = 1, #levels do
-    while redis.call('LINDEX', levels[i], -1) == BELL do redis.call('RPOP', levels[i]) end
+    while head_of(levels[i]) == BELL do
+      redis.call(HEAD == 'LEFT' and 'LPOP' or 'RPOP', levels[i])
+    end
     if redis.call('LLEN', levels[i]) > 0 then
       top = i
       break
@@ -345,7 +366,7 @@ local function claim_ready(n, now, lease_ms, floor_every, out)
     attempts = attempts + 1
     local lvl = pick_level(floor_every)
     if not lvl then break end
-    local entry = redis.call('LMOVE', levels[lvl], processing, 'RIGHT', 'LEFT')
+    local entry = redis.call('LMOVE', levels[lvl], processing, HEAD, 'LEFT')
     if not entry then break end
     if entry == BELL then
       redis.call('LREM', processing, 1, BELL)
