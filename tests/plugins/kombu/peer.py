@@ -15,8 +15,9 @@ PEER = ROOT / ".peer"
 
 def _pip() -> list[str]:
     """A pip to download with: this interpreter's, else one on PATH, else uv's."""
-    if subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True).returncode == 0:
-        return [sys.executable, "-m", "pip"]
+    mine = [sys.executable, "-m", "pip"]
+    if subprocess.run([*mine, "--version"], capture_output=True).returncode == 0:
+        return mine
     for name in ("pip3", "pip"):
         found = shutil.which(name)
         if found:

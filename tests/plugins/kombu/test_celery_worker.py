@@ -8,6 +8,7 @@ measured recovery times are printed (run with ``-s`` to see them).
 from __future__ import annotations
 
 import collections
+import json
 import subprocess
 import sys
 import time
@@ -177,7 +178,9 @@ def test_a_poison_task_is_dead_lettered_after_max_deliveries(
     assert events(records, "start")[7] == 3
     out = subprocess.run([sys.executable, "-m", "belayq_kombu", "dead-letters", "--url",
                           celery_env["BQ_BROKER"], "--queue", kq], capture_output=True, text=True)
-    assert "rejected with requeue (after 3 deliveries, max_deliveries=3)" in out.stdout, out
+    [dead] = [json.loads(line) for line in out.stdout.splitlines()]
+    assert dead["reason"].startswith("rejected with requeue") and dead["deliveries"] == 3, dead
+    assert "max_deliveries=3" in dead["reason"], dead
 
 
 def test_a_connection_blip_does_not_rerun_running_tasks(
@@ -185,8 +188,10 @@ def test_a_connection_blip_does_not_rerun_running_tasks(
     kq: str
 ) -> None:
     # Every client connection is killed while two acks_late tasks run and two wait in the
-    # prefetch. Celery reconnects; the running ones keep their leases and are acked once
-    # done, the waiting ones are released and delivered again (not counted as deliveries).
+    # prefetch. Celery reconnects; the running ones keep their leases (no copy runs while
+    # they do), the waiting ones are released and delivered again (uncounted).
+    import celery
+
     w = workers("--pool=prefork", "-c", "2").wait_ready()
     mod = app(celery_env)
     for i in range(4):
@@ -194,13 +199,19 @@ def test_a_connection_blip_does_not_rerun_running_tasks(
     wait_for(lambda: sum(events(records, "start").values()) >= 2, 30, "two tasks to start")
     killed = redis.Redis(port=port).client_kill_filter(_type="normal", skipme=True)
     wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
-    time.sleep(1)
+    time.sleep(2)  # a few sweeps: nothing may come back
     print(f"\nconnection blip: killed {killed} client connection(s) mid-task")
-    assert events(records, "start") == collections.Counter(range(4))
     assert "Connection to broker lost" in w.text()
     assert "keeping the leases of 2 running task(s)" in w.text()
+    starts = events(records, "start")
+    assert starts == collections.Counter(range(4)), starts
     stats = _stats(port, kq)
-    assert (stats["acked"], stats.get("stale_acks", 0), stats["in_flight"]) == (4, 0, 0), stats
+    if tuple(map(int, celery.__version__.split(".")[:2])) >= (5, 7):
+        assert (stats["acked"], stats.get("stale_acks", 0)) == (4, 0), stats
+    else:
+        # Celery <= 5.6 loses the completion of a task that ran through the reconnect and
+        # never acks it; belayq keeps its lease (no second run) for blip_keep_max.
+        assert (stats["acked"], stats["in_flight"], stats.get("stale_acks", 0)) == (2, 2, 0)
 
 
 def _stats(port: int, name: str) -> dict[str, int]:

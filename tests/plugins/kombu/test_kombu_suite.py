@@ -58,19 +58,25 @@ def failover_connection(redis_server: Any) -> kombu.Connection:
     )
 
 
-class TestBasicFunctionality(common.BasicFunctionality):  # type: ignore[misc]
+def _mixin(name: str) -> type:
+    """A mixin of kombu's suite; an empty class when this kombu's suite lacks it (5.3 has no
+    BaseFailover, for instance), so that class collects no tests rather than failing."""
+    return getattr(common, name, object)  # type: ignore[no-any-return]
+
+
+class TestBasicFunctionality(_mixin("BasicFunctionality")):  # type: ignore[misc]
     pass
 
 
-class TestExchangeTypes(common.BaseExchangeTypes):  # type: ignore[misc]
+class TestExchangeTypes(_mixin("BaseExchangeTypes")):  # type: ignore[misc]
     pass
 
 
-class TestTimeToLive(common.BaseTimeToLive):  # type: ignore[misc]
+class TestTimeToLive(_mixin("BaseTimeToLive")):  # type: ignore[misc]
     pass
 
 
-class TestPriority(common.BasePriority):  # type: ignore[misc]
+class TestPriority(_mixin("BasePriority")):  # type: ignore[misc]
     # Like kombu's own Redis run: lower numbers first (the stock Redis transport's order).
     PRIORITY_ORDER = "desc"
 
@@ -84,13 +90,13 @@ class TestPriority(common.BasePriority):  # type: ignore[misc]
         super().test_publish_requeue_consume(connection)
 
 
-class TestMessage(common.BaseMessage):  # type: ignore[misc]
+class TestMessage(_mixin("BaseMessage")):  # type: ignore[misc]
     pass
 
 
-class TestEventLoop(common.BaseEventLoop):  # type: ignore[misc]
+class TestEventLoop(_mixin("BaseEventLoop")):  # type: ignore[misc]
     pass
 
 
-class TestFailover(common.BaseFailover):  # type: ignore[misc]
+class TestFailover(_mixin("BaseFailover")):  # type: ignore[misc]
     pass

@@ -21,7 +21,9 @@ from .test_transport import drain, publish, stats
 LEASE = {"visibility_timeout": 1.0, "sweep_interval": 0.2}
 
 
-def consumer_process(url: str, queue: str, *, prefetch: int, patch: str = "") -> subprocess.Popen[str]:
+def consumer_process(
+    url: str, queue: str, *, prefetch: int, patch: str = ""
+) -> subprocess.Popen[str]:
     """A child that consumes ``queue`` without acking, printing 'got <payload>' per message."""
     code = "\n".join([
         "import sys, socket, kombu, belayq_kombu",
@@ -55,7 +57,9 @@ def read_lines(proc: subprocess.Popen[str], n: int, timeout: float = 20) -> list
     return lines
 
 
-def test_held_messages_keep_their_lease_while_the_consumer_lives(url: str, port: int, kq: str) -> None:
+def test_held_messages_keep_their_lease_while_the_consumer_lives(
+    url: str, port: int, kq: str
+) -> None:
     q = kombu.Queue(kq, routing_key=kq)
     publish(url, q, [{"n": 1}])
     with kombu.Connection(url, transport_options=LEASE) as holder, \
@@ -124,7 +128,9 @@ def test_kill9_between_the_blocking_claim_and_its_lease(url: str, port: int, kq:
     assert stats(port, kq)["adopted"] >= 1
 
 
-def test_a_reply_beyond_the_prefetch_credit_is_released_not_lost(url: str, port: int, kq: str) -> None:
+def test_a_reply_beyond_the_prefetch_credit_is_released_not_lost(
+    url: str, port: int, kq: str
+) -> None:
     # Two queues, prefetch 1: both blocking claims are pending when both queues get a
     # message. One is delivered; the other reply arrives with no credit left and must go
     # back to its queue, uncounted.
@@ -190,15 +196,15 @@ def test_ack_that_cannot_reach_redis_is_retried(url: str, port: int, kq: str) ->
     with kombu.Connection(url) as conn:
         [m] = drain(conn, [q], 1, ack=False, prefetch_count=1)
         rq = conn.transport.queues[kq]
-        real = rq.ack
+        real = rq.ack_many
 
-        def down(d: Any) -> bool:
+        def down(deliveries: Any) -> list[bool]:
             raise ConnectionLost("simulated outage")
 
-        rq.ack = down  # type: ignore[method-assign]
+        rq.ack_many = down  # type: ignore[method-assign]
         m.ack()  # does not raise; queued for retry
         assert len(claims.RETRY) == 1 and stats(port, kq)["in_flight"] == 1
-        rq.ack = real  # type: ignore[method-assign]
+        rq.ack_many = real  # type: ignore[method-assign]
         conn.transport.cycle.maybe_sweep(force=True)
     assert len(claims.RETRY) == 0
     s = stats(port, kq)
@@ -207,3 +213,22 @@ def test_ack_that_cannot_reach_redis_is_retried(url: str, port: int, kq: str) ->
 
 def test_env_is_clean() -> None:
     assert "BELAYQ" not in "".join(os.environ)  # the tests need no environment switches
+
+
+def test_a_kept_claim_whose_task_is_gone_is_released(url: str, port: int, kq: str) -> None:
+    # What a closed channel keeps for a running task (a connection blip) must not stay
+    # leased once no task runs it: here no Celery worker runs anything.
+    from belayq_kombu import claims
+
+    q = kombu.Queue(kq, routing_key=kq)
+    publish(url, q, [{"kept": 1}])
+    with kombu.Connection(url) as conn:
+        [m] = drain(conn, [q], 1, ack=False, prefetch_count=1)
+        table = conn.transport.claims
+        claims.KEPT.keep([m.delivery_tag], table, 3600)
+        claims.KEPT.check()
+        assert stats(port, kq)["in_flight"] == 1  # seen once: not yet
+        claims.KEPT.check()
+        assert len(claims.KEPT) == 0
+        s = stats(port, kq)
+        assert (s["ready"], s["in_flight"]) == (1, 0)

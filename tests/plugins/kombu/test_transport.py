@@ -29,7 +29,8 @@ def drain(conn: kombu.Connection, queues: list[kombu.Queue], n: int, *, ack: boo
         if ack:
             message.ack()
 
-    with kombu.Consumer(conn, queues, callbacks=[cb], accept=["json", "pickle", "text/plain"], **consumer):
+    accept = ["json", "pickle", "text/plain"]
+    with kombu.Consumer(conn, queues, callbacks=[cb], accept=accept, **consumer):
         deadline = time.monotonic() + timeout
         while len(got) < n and time.monotonic() < deadline:
             with contextlib.suppress(TimeoutError):
@@ -159,7 +160,8 @@ def test_reject_requeue_counts_deliveries_then_dead_letters(url: str, port: int,
         q.close()
     assert seen == [False, True, True]
     [dead] = stats_dead(port, kq)
-    assert "rejected with requeue" in dead.reason and "max_deliveries=3" in dead.reason
+    assert dead.reason.startswith("rejected with requeue") and "max_deliveries=3" in dead.reason
+    assert dead.deliveries == 3
     # documented replay command puts it back
     out = subprocess.run(
         [sys.executable, "-m", "belayq_kombu", "replay", "--url", url, "--queue", kq],
@@ -277,8 +279,11 @@ def test_fanout_over_pubsub(url: str, kq: str) -> None:
     queues = [kombu.Queue(f"{kq}-f{i}", exchange=ex, auto_delete=True) for i in range(2)]
     received: list[Any] = []
     with kombu.Connection(url) as conn:
-        consumers = [kombu.Consumer(conn.channel(), [q], callbacks=[lambda b, m: received.append(b)],
-                                    no_ack=True) for q in queues]
+        consumers = [
+            kombu.Consumer(conn.channel(), [q], callbacks=[lambda b, m: received.append(b)],
+                           no_ack=True)
+            for q in queues
+        ]
         for c in consumers:
             c.consume()
         for _ in range(3):  # subscribe before publishing

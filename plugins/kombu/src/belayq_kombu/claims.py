@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import Any
@@ -36,8 +37,8 @@ def tag_of(queue: str, delivery: Delivery) -> str:
     return f"{delivery.token}.{queue}"
 
 
-def running_tags() -> set[Any]:
-    """Delivery tags of the tasks a Celery worker in this process is running right now.
+def running_requests() -> dict[Any, Any]:
+    """Delivery tag -> request, for the tasks a Celery worker in this process is running.
 
     Empty outside a Celery worker. Celery keeps a task's request in
     ``celery.worker.state.active_requests`` from the moment a pool accepted it until it
@@ -45,14 +46,36 @@ def running_tags() -> set[Any]:
     """
     state = sys.modules.get("celery.worker.state")
     if state is None:
-        return set()
-    tags = set()
+        return {}
+    out = {}
     for request in list(getattr(state, "active_requests", ())):
-        message = getattr(request, "_message", None)
-        tag = getattr(message, "delivery_tag", None)
+        tag = getattr(getattr(request, "_message", None), "delivery_tag", None)
         if tag is not None:
-            tags.add(tag)
-    return tags
+            out[tag] = request
+    return out
+
+
+def running_tags() -> set[Any]:
+    """Delivery tags of the tasks a Celery worker in this process is running right now."""
+    return set(running_requests())
+
+
+def pool_outcome(request: Any) -> bool | None:
+    """Whether a running request's pool job succeeded, once it is done; None while it runs
+    or when nothing can tell.
+
+    Celery up to 5.6 loses the completion of jobs that were running when the broker
+    connection was lost: the request stays "active" forever and is never acked. Its pool
+    job (billiard's ApplyResult), while it still exists, says how it ended.
+    """
+    ref = getattr(request, "_apply_result", None)
+    job = ref() if callable(ref) else ref
+    if job is None:
+        return None
+    try:
+        return bool(job.successful()) if job.ready() else None
+    except Exception:
+        return None
 
 
 def abandon(rq: ReliableQueue, deliveries: Iterable[Delivery]) -> None:
@@ -67,6 +90,11 @@ class Claims:
     def __init__(self) -> None:
         self._claims: dict[Any, Claim] = {}
         self._lock = threading.Lock()
+        self._deferred: list[Claim] = []
+        #: Acks made on this thread are sent in one script by :meth:`flush`, which the
+        #: poller calls before it reads or claims again: at the next tick of the event
+        #: loop (the same loop iteration) or at the end of drain_events.
+        self.defer_thread: int | None = None
 
     def add(self, tag: Any, rq: ReliableQueue, delivery: Delivery) -> None:
         with self._lock:
@@ -90,19 +118,40 @@ class Claims:
             abandon(claim[0], [claim[1]])
 
     def ack(self, tag: Any) -> None:
-        """Settle for good. A stale token (lease lost, redelivered elsewhere) is logged."""
+        """Settle for good (now, or at the next :meth:`flush` on the polling thread)."""
         claim = self.pop(tag)
         if claim is None:
             return
-        rq, d = claim
-        try:
-            if not rq.ack(d):
-                log.warning(
-                    "ack of %s refused: its lease had expired and the message was redelivered",
-                    tag,
-                )
-        except ConnectionLost:
-            RETRY.add("ack", rq, d, "")
+        if threading.get_ident() == self.defer_thread:
+            with self._lock:
+                self._deferred.append(claim)
+            return
+        self._ack([claim])
+
+    def flush(self) -> None:
+        """Send the deferred acks, one script per queue."""
+        if not self._deferred:
+            return
+        with self._lock:
+            batch, self._deferred = self._deferred, []
+        self._ack(batch)
+
+    @staticmethod
+    def _ack(claims: list[Claim]) -> None:
+        by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
+        for rq, d in claims:
+            by_queue[rq].append(d)
+        for rq, deliveries in by_queue.items():
+            try:
+                done = rq.ack_many(deliveries)
+            except ConnectionLost:
+                for d in deliveries:
+                    RETRY.add("ack", rq, d, "")
+                continue
+            stale = [d.id for d, ok in zip(deliveries, done, strict=True) if not ok]
+            if stale:
+                log.warning("ack of %s refused: the lease had expired and the message was "
+                            "redelivered", ", ".join(stale))
 
     def reject(self, tag: Any, *, requeue: bool, dead_letter: bool) -> None:
         """Requeue (counted delivery), dead-letter, or drop a claim."""
@@ -188,40 +237,61 @@ class _Kept:
     """Claims a closed channel kept because Celery was running their tasks.
 
     They stay leased (extended by the keeper) until the task settles them. A claim whose
-    task is no longer running at two checks in a row (Celery cancelled it, or dropped it
-    without settling) is released, so it cannot stay leased for the life of the worker.
+    task has ended without Celery settling it (Celery cancelled it, or, up to 5.6, lost
+    its completion in the reconnect) is acked if its pool job succeeded and released
+    otherwise; one nothing can tell about is released after ``blip_keep_max`` seconds, so
+    it cannot stay leased for the life of the worker.
     """
 
     def __init__(self) -> None:
-        self._kept: dict[Any, Claims] = {}
+        self._kept: dict[Any, tuple[Claims, float]] = {}
         self._suspects: set[Any] = set()
         self._lock = threading.Lock()
 
-    def keep(self, tags: Iterable[Any], claims: Claims) -> None:
+    def keep(self, tags: Iterable[Any], claims: Claims, max_s: float) -> None:
+        deadline = time.monotonic() + max_s
         with self._lock:
             for tag in tags:
-                self._kept[tag] = claims
+                self._kept[tag] = (claims, deadline)
 
     def __len__(self) -> int:
         return len(self._kept)
 
     def check(self) -> None:
+        """Settle kept claims whose task ended without Celery settling them (seen so at
+        two checks in a row): ack after a success, release after a failure or once the
+        claim has been kept for ``max_s``."""
         if not self._kept:
             return
-        running = running_tags()
+        requests = running_requests()
+        now = time.monotonic()
         with self._lock:
-            for tag, claims in list(self._kept.items()):
-                if claims.get(tag) is None:
-                    del self._kept[tag]
-                    self._suspects.discard(tag)
-                elif tag in running:
-                    self._suspects.discard(tag)
-                elif tag in self._suspects:
-                    del self._kept[tag]
-                    self._suspects.discard(tag)
-                    claims.release([tag])
+            items = list(self._kept.items())
+        for tag, (claims, deadline) in items:
+            if claims.get(tag) is None:  # settled the normal way
+                self._drop(tag)
+                continue
+            request = requests.get(tag)
+            outcome = pool_outcome(request) if request is not None else False
+            if outcome is None and now > deadline:
+                outcome = False
+            if outcome is None:
+                self._suspects.discard(tag)
+            elif tag not in self._suspects:
+                self._suspects.add(tag)
+            else:
+                self._drop(tag)
+                log.warning("the task of %s ended without Celery settling it; %s", tag,
+                            "acking it" if outcome else "releasing it to run again")
+                if outcome:
+                    claims.ack(tag)
                 else:
-                    self._suspects.add(tag)
+                    claims.release([tag])
+
+    def _drop(self, tag: Any) -> None:
+        with self._lock:
+            self._kept.pop(tag, None)
+            self._suspects.discard(tag)
 
 
 RETRY = _Retry()

@@ -32,6 +32,7 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "adopt_stock_unacked": (True, "requeue messages stock workers left in the unacked hash"),
     "stock_unacked_timeout": (3600.0, "age after which a stock unacked message is adopted (s)"),
     "starvation_floor": (0.0, "share of claims served from the lowest non-empty priority"),
+    "blip_keep_max": (3600.0, "longest a running task's lease is kept past a reconnect (s)"),
 }
 
 #: Read by kombu's Connection itself (retry policy), never by a channel.
@@ -105,7 +106,7 @@ def check(options: Mapping[str, Any]) -> None:
                 f"unknown belayq:// transport option {name!r}{hint} "
                 f"(valid: {', '.join(sorted(known))})"
             )
-    for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout"):
+    for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout", "blip_keep_max"):
         _number(options, name, minimum=0.1)
     for name in ("lease_heartbeat_interval", "polling_interval", "socket_timeout"):
         if options.get(name) is not None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from queue import Empty
 from time import monotonic
@@ -29,7 +30,8 @@ from kombu.utils import eventio
 if TYPE_CHECKING:
     from belayq import ReliableQueue
 
-    from .transport import Channel
+    from .channel import Channel
+    from .claims import Claims
 
 log = logging.getLogger("belayq.kombu")
 
@@ -57,6 +59,9 @@ class Waiter:
         self.conn: Any = None
         self.client_id: int | None = None
         self.sent_at: float | None = None
+        #: The last claim took all it could: more is probably waiting, so claim without
+        #: blocking (one script instead of a blocking claim plus a lease script).
+        self.hot = False
 
     def socket(self) -> Any:
         """The connected socket, connecting (and learning the client id) if needed."""
@@ -129,6 +134,8 @@ class Poller:
         self._next_sweep = 0.0
         self._next_adopt = 0.0
         self._trefs: list[Any] = []  # the event loop's timers, cancelled on re-registration
+        self.with_hub = False  # registered with an event loop (Celery's hub)
+        self.claims: Claims | None = None  # the transport's, whose deferred acks we flush
 
     # -- channels and sockets ------------------------------------------------------
 
@@ -189,18 +196,32 @@ class Poller:
         self.maybe_sweep(force=True)
         self.maybe_adopt(force=True)
 
-    def on_poll_start(self) -> None:
-        """Send a blocking claim for every consumed queue that has none pending, if credit allows;
-        subscribe fanout queues."""
+    def on_poll_start(self) -> bool:
+        """For every consumed queue with no claim pending, while credit allows: claim what
+        is known to be waiting at once (one script; delivered here), else send a blocking
+        claim. Subscribe fanout queues. Returns whether messages were delivered."""
+        if self.claims is not None:
+            self.claims.flush()
+        delivered = False
         for channel in list(self._channels):
-            if channel.active_queues and channel.qos.can_consume():
+            if channel.active_queues:
                 for waiter in channel.waiters():
-                    if waiter.sent_at is None:
-                        waiter.socket()
-                        self._register(channel, waiter, waiter.conn)
-                        waiter.send(channel.brpop_timeout)
+                    if waiter.sent_at is not None or not channel.qos.can_consume():
+                        continue
+                    if self.with_hub and not channel.wants_more():
+                        continue
+                    # Without an event loop, claim what is waiting right here. With one,
+                    # deliveries must come from a readable socket: Celery schedules the
+                    # acks for the next loop iteration, which only a socket event starts.
+                    if waiter.hot and not self.with_hub and channel.claim_now(waiter):
+                        delivered = True
+                        continue
+                    waiter.socket()
+                    self._register(channel, waiter, waiter.conn)
+                    waiter.send(channel.brpop_timeout)
             if channel.active_fanout_queues:
                 self._listen(channel)
+        return delivered
 
     def _listen(self, channel: Channel) -> None:
         client = channel.subclient
@@ -242,8 +263,12 @@ class Poller:
     def get(self, callback: Any, timeout: float | None = None) -> None:
         """Wait up to ``timeout`` for one batch of messages (no event loop: drain_events)."""
         self._in_protected_read = True
+        claims, deferring = self.claims, None
+        if claims is not None:
+            deferring, claims.defer_thread = claims.defer_thread, threading.get_ident()
         try:
-            self.on_poll_start()
+            if self.on_poll_start():
+                return
             for fd, event in self.poller.poll(timeout) or ():
                 listen = self._fds.get(fd, (None, None))[1] == LISTEN
                 handled = self.handle_event(fd, event)
@@ -256,6 +281,9 @@ class Poller:
             raise Empty()
         finally:
             self._in_protected_read = False
+            if claims is not None:
+                claims.defer_thread = deferring
+                claims.flush()
             while self.after_read:
                 try:
                     fun = self.after_read.pop()
@@ -281,6 +309,8 @@ class Poller:
             except (redis.ConnectionError, redis.TimeoutError, ConnectionError):
                 log.debug("sweep skipped: Redis unreachable", exc_info=True)
                 return
+        if self.claims is not None:
+            self.claims.flush()
         RETRY.run()
         KEPT.check()
 

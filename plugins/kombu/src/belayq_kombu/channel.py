@@ -1,0 +1,340 @@
+"""The kombu channel: stock Redis channel whose storage and consume path is belayq's core.
+
+What stays stock (inherited): URL and connection handling, the binding table, fanout over
+pub/sub (Celery's remote control, ``celery inspect`` and events), priorities' list names, the
+JSON envelope. What belayq replaces: publish (:meth:`ReliableQueue.publish`), the blocking
+pop (the core's blocking claim + ``lease_claimed``, see :mod:`.poller`), the unacked hash
+(leases the core keeps alive while the worker lives), ack/reject/restore (ack, nack,
+dead-letter, release), and the visibility-timeout restore (the core's sweep).
+
+Each kombu queue is one :class:`~belayq.ReliableQueue` whose ready lists are kombu's own
+lists (``celery``, ``celery\\x06\\x163``, ...) holding the stock envelopes, so stock producers,
+``celery purge`` and a rollback to the stock transport keep working.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from queue import Empty
+from time import time
+from typing import Any
+
+import redis
+from kombu.transport import redis as _stock
+from kombu.utils import json as _json
+
+from belayq import Delivery, ReliableQueue
+
+from . import options
+from .claims import Claims, tag_of
+from .poller import Waiter
+from .qos import QoS
+
+log = logging.getLogger("belayq.kombu")
+
+# kombu's annotations are partial; to mypy --strict these are Any.
+stock: Any = _stock
+dumps: Any = _json.dumps
+loads: Any = _json.loads
+
+#: Property stamped on messages that carry an AMQP ``expiration`` (ms since the epoch).
+PUBLISHED_MS = "x-belayq-published-ms"
+
+
+class Channel(stock.Channel):  # type: ignore[misc]
+    """A kombu channel whose queues are belayq queues."""
+
+    QoS = QoS
+    from_transport_options = options.channel_option_names()
+    visibility_timeout = options.DEFAULT_LEASE_S
+
+    max_deliveries = options.BELAYQ_OPTIONS["max_deliveries"][0]
+    sweep_interval = options.BELAYQ_OPTIONS["sweep_interval"][0]
+    lease_heartbeat_interval = options.BELAYQ_OPTIONS["lease_heartbeat_interval"][0]
+    dead_letter_max = options.BELAYQ_OPTIONS["dead_letter_max"][0]
+    dead_letter_rejected = options.BELAYQ_OPTIONS["dead_letter_rejected"][0]
+    claim_batch = options.BELAYQ_OPTIONS["claim_batch"][0]
+    adopt_stock_unacked = options.BELAYQ_OPTIONS["adopt_stock_unacked"][0]
+    stock_unacked_timeout = options.BELAYQ_OPTIONS["stock_unacked_timeout"][0]
+    starvation_floor = options.BELAYQ_OPTIONS["starvation_floor"][0]
+    blip_keep_max = options.BELAYQ_OPTIONS["blip_keep_max"][0]
+    supports_batch_publish = False
+    brpop_timeout: float = 1.0
+    _in_listen: Any = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.brpop_timeout = self.connection.brpop_timeout
+        steps = list(self.priority_steps)
+        if not steps or steps[0] != 0:
+            raise ValueError(f"priority_steps must start with 0, as kombu's do; got {steps!r}")
+        self._core_options = options.core_options(self)
+        self._waiters: dict[str, Waiter] = {}
+        self._no_ack_queues: set[str] = set()
+        self.claims: Claims = self.connection.claims
+        if float(self.visibility_timeout) > options.LONG_LEASE_S:
+            log.warning(
+                "visibility_timeout=%s s is belayq's lease: a dead worker's tasks come back "
+                "only after it. belayq extends leases of live workers, so long tasks and ETAs "
+                "no longer need a long visibility_timeout.", self.visibility_timeout)
+
+    # -- the core queues ---------------------------------------------------------------
+
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """The stock channel builds a new redis-py client for every lookup (a binding-table
+        read per publish); building one costs more than the command. Reuse one per pool."""
+        if client:
+            yield client
+            return
+        cached = self.__dict__.get("_sync_client")
+        if cached is None or cached[0] is not self._pool:
+            made = self._create_client()
+            self.__dict__["_sync_client"] = cached = (self._pool, made)
+        yield cached[1]
+
+    @property
+    def core_client(self) -> redis.Redis:
+        client: redis.Redis = self.connection.core_client(self)
+        return client
+
+    def queue(self, name: str) -> ReliableQueue:
+        """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists)."""
+        rq = self.connection.queues.get(name)
+        if rq is None:
+            names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
+            rq = ReliableQueue(
+                self.core_client, name, ready_key=names[0], level_keys=names[1:],
+                **self._core_options,
+            )
+            self.connection.queues[name] = rq
+        assert isinstance(rq, ReliableQueue)
+        return rq
+
+    # -- publish -----------------------------------------------------------------------
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        props = message.get("properties") or {}
+        if props.get("expiration") is not None and PUBLISHED_MS not in props:
+            props[PUBLISHED_MS] = int(time() * 1000)
+        priority = self._get_message_priority(message, reverse=False)
+        self.queue(queue).publish(dumps(message), priority=priority)
+        if queue in getattr(self, "_expires", ()):  # kombu >= 5.4: queues with x-expires
+            with self.conn_or_acquire() as client:
+                self._maybe_update_queues_expire(client, queue)
+
+    def create_publish_batch(self, max_size: int) -> Any:
+        raise NotImplementedError("belayq:// publishes each message through the core")
+
+    # -- consume -----------------------------------------------------------------------
+
+    def basic_consume(self, queue: str, no_ack: bool, *args: Any, **kwargs: Any) -> Any:
+        if no_ack:
+            self._no_ack_queues.add(queue)
+        else:
+            self._no_ack_queues.discard(queue)
+        return super().basic_consume(queue, no_ack, *args, **kwargs)
+
+    def _basic_cancel(self, consumer_tag: Any) -> Any:
+        queue = self._tag_to_queue.get(consumer_tag)
+        ret = super()._basic_cancel(consumer_tag)
+        if queue is not None and queue not in self._active_queues:
+            self._no_ack_queues.discard(queue)
+            self._close_waiter(queue)
+        return ret
+
+    def waiters(self, create: bool = True) -> list[Waiter]:
+        """The claim connections of the queues this channel consumes."""
+        if not create:
+            return list(self._waiters.values())
+        out = []
+        for name in self.active_queues:
+            waiter = self._waiters.get(name)
+            if waiter is None:
+                waiter = self._waiters[name] = Waiter(self, name, self.queue(name))
+            out.append(waiter)
+        return out
+
+    def _close_waiter(self, name: str) -> None:
+        waiter = self._waiters.pop(name, None)
+        if waiter is None:
+            return
+        entry = waiter.close(self._unblock)
+        if entry is not None:
+            deliveries, _ = waiter.rq.lease_claimed(entry, 1)
+            waiter.rq.release(deliveries)
+
+    def _unblock(self, client_id: int) -> None:
+        self.core_client.client_unblock(client_id)
+
+    def credit(self) -> int:
+        """How many messages the next claim may take (prefetch credit, shared by queues)."""
+        qos = self.qos
+        if "can_consume" in vars(qos):  # Celery's worker_disable_prefetch patched it
+            return 1 if qos.can_consume() else 0
+        estimate = qos.can_consume_max_estimate()
+        if estimate is None:
+            return int(self.claim_batch)
+        share = -(-int(estimate) // max(1, len(self._waiters)))
+        return min(share, int(estimate), int(self.claim_batch))
+
+    def wants_more(self) -> bool:
+        """Whether to claim now. In a Celery worker whose pool still has prefetched tasks
+        waiting, claim only once half the prefetch credit is free: one claim then takes
+        several messages instead of one per finished task, and no pool process idles
+        meanwhile (it has waiting work)."""
+        state = sys.modules.get("celery.worker.state")
+        if state is None:
+            return True
+        waiting = len(state.reserved_requests) - len(state.active_requests)
+        return waiting <= 0 or self.credit() >= max(1, int(self.qos.prefetch_count) // 2)
+
+    def on_claim_readable(self, waiter: Waiter) -> bool:
+        """Read a blocking claim's reply and deliver what the lease script claimed."""
+        entry = waiter.read()
+        if entry is None:
+            waiter.hot = False
+            return False
+        rq = waiter.rq
+        credit = self.credit() if waiter.queue in self._active_queues else 0
+        if credit < 1:
+            deliveries, _ = rq.lease_claimed(entry, 1)
+            rq.release(deliveries)
+            waiter.hot = True
+            return False
+        deliveries, _ = rq.lease_claimed(entry, credit)
+        waiter.hot = len(deliveries) >= credit
+        return self._deliver(waiter.queue, rq, deliveries)
+
+    def claim_now(self, waiter: Waiter) -> bool:
+        """Claim what is waiting without blocking, up to the credit; True if delivered."""
+        credit = self.credit()
+        if credit < 1:
+            return False
+        deliveries, _ = waiter.rq.try_claim(credit)
+        waiter.hot = len(deliveries) >= credit
+        return bool(deliveries) and self._deliver(waiter.queue, waiter.rq, deliveries)
+
+    def _deliver(self, queue: str, rq: ReliableQueue, deliveries: list[Delivery]) -> bool:
+        """Hand claimed messages to kombu; give back what a raising callback never saw."""
+        if queue not in self.connection._callbacks:  # the consumer was cancelled meanwhile
+            rq.release(deliveries)
+            return False
+        envelopes = self._envelopes(queue, rq, deliveries, no_ack=queue in self._no_ack_queues)
+        delivered = False
+        try:
+            while envelopes:
+                raw, _ = envelopes.pop(0)
+                self.connection._deliver(raw, queue)
+                delivered = True
+        finally:
+            if envelopes:
+                self.claims.release(tag for _, tag in envelopes)
+        return delivered
+
+    def _envelopes(
+        self, queue: str, rq: ReliableQueue, deliveries: list[Delivery], *, no_ack: bool
+    ) -> list[tuple[dict[str, Any], Any]]:
+        out: list[tuple[dict[str, Any], Any]] = []
+        settle_now: list[Delivery] = []
+        for d in deliveries:
+            try:
+                raw = loads(d.payload.decode("utf-8"))
+                props = raw["properties"]
+            except Exception as exc:
+                rq.dead_letter(d, f"not a kombu message: {exc!r}"[:500])
+                continue
+            if _expired(props):
+                settle_now.append(d)
+                continue
+            tag = tag_of(queue, d)
+            props["delivery_tag"] = tag
+            if d.deliveries > 1:
+                info = props.get("delivery_info")
+                if isinstance(info, dict):
+                    info["redelivered"] = True
+            if no_ack:
+                settle_now.append(d)
+            else:
+                self.claims.add(tag, rq, d)
+            out.append((raw, tag))
+        if settle_now:
+            rq.ack_many(settle_now)
+        return out
+
+    def _get(self, queue: str) -> dict[str, Any]:
+        rq = self.queue(queue)
+        deliveries, _ = rq.try_claim(1)
+        for raw, _tag in self._envelopes(queue, rq, deliveries, no_ack=False):
+            return raw
+        raise Empty()
+
+    def basic_get(self, queue: str, no_ack: bool = False, **kwargs: Any) -> Any:
+        message = super().basic_get(queue, no_ack=no_ack, **kwargs)
+        if message is not None and no_ack:
+            self.claims.ack(message.delivery_tag)
+        return message
+
+    def _restore(self, message: Any, leftmost: bool = False) -> None:
+        self.claims.release([message.delivery_tag])
+
+    def _restore_at_beginning(self, message: Any) -> None:
+        self._restore(message)
+
+    # -- queue administration ----------------------------------------------------------
+
+    def _size(self, queue: str) -> int:
+        return int(self.queue(queue).stats()["ready"])
+
+    def _purge(self, queue: str) -> int:
+        return int(self.queue(queue).purge())
+
+    def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        self.queue(queue).purge()
+        super()._delete(queue, *args, **kwargs)
+
+    # -- upkeep ------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """The guarded (fleet-wide once per period) sweep of every consumed queue."""
+        for name in self.active_queues:
+            self.queue(name).sweep(guarded=True)
+
+    def adopt_stock(self) -> None:
+        """Requeue messages stock workers left unacked for ``stock_unacked_timeout``."""
+        if not self.adopt_stock_unacked:
+            return
+        with self.conn_or_acquire() as client:
+            if not client.zcard(self.unacked_index_key):
+                return
+        stock.QoS.restore_visible(self.qos, start=0, num=self.unacked_restore_limit, interval=1)
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def _on_connection_disconnect(self, connection: Any) -> None:
+        if self._in_listen is connection:
+            self._in_listen = None
+        if self.connection and self.connection.cycle:
+            self.connection.cycle.on_connection_disconnect(connection)
+
+    def close(self) -> None:
+        self.claims.flush()
+        for name in list(self._waiters):
+            try:
+                self._close_waiter(name)
+            except Exception:
+                log.debug("closing waiter %s", name, exc_info=True)
+        super().close()
+
+
+def _expired(props: dict[str, Any]) -> bool:
+    expiration, published = props.get("expiration"), props.get(PUBLISHED_MS)
+    if expiration is None or published is None:
+        return False
+    try:
+        return time() * 1000 >= int(published) + int(expiration)
+    except (TypeError, ValueError):
+        return False
