@@ -248,6 +248,51 @@ def test_ready_count_ignores_the_bell(any_client, make_queue):
     assert q.stats()["ready"] == 0
 
 
+@pytest.mark.parametrize("how", ["publish", "nack", "sweep", "release"])
+def test_bell_off_never_puts_an_entry_a_stock_consumer_cannot_decode(
+    any_client, make_queue, payload_in_list, how
+):
+    """bell=False: level 1 only ever holds messages, whatever way work reaches level 2."""
+    q = make_queue(any_client, priority_steps=STEPS3, bell=False, payload_in_list=payload_in_list,
+                   lease_ms=100)
+    msg = q.publish(b"p2", priority=2)
+    if how != "publish":
+        [d] = q.claim(timeout=0)
+        if how == "nack":
+            assert q.nack(d) == "ready"
+        elif how == "release":
+            assert q.release([d]) == 1
+        else:
+            q.forget([d])  # its consumer died
+            time.sleep(0.25)
+            q.sweep()
+    assert q.client.llen(q.keys.levels[0]) == 0
+    assert q.client.llen(q.keys.levels[2]) == 1
+    assert [d.id for d in q.claim(timeout=0)] == [msg]
+
+
+def test_bell_off_blocked_claimer_finds_lower_levels_within_a_sweep_period(
+    any_client, make_queue
+):
+    q = make_queue(any_client, priority_steps=STEPS3, bell=False, sweep_interval_ms=300)
+    result: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: result.update(got=q.claim(timeout=5)), daemon=True)
+    thread.start()
+    time.sleep(0.1)  # blocked in BLMOVE on an empty level 1
+    t0 = time.monotonic()
+    msg = q.publish(b"p2", priority=2)
+    thread.join(10)
+    waited = time.monotonic() - t0
+    print(f"\nbell off: blocked claimer got a level-2 message after {waited:.2f} s")
+    assert [x.id for x in result["got"]] == [msg]
+    assert q.client.llen(q.keys.levels[0]) == 0
+
+
+def test_bell_must_be_a_bool():
+    with pytest.raises(ConfigError, match="bell"):
+        QueueConfig(bell="no")  # type: ignore[arg-type]
+
+
 # -- the starvation floor with more than two levels ----------------------------------------
 
 

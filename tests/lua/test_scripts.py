@@ -392,6 +392,32 @@ class TestReplayPurgeStats:
         assert not q.client.exists(q.keys.message(ids[1]))
         assert q.stats()["in_flight"] == 1 and q.ack(d)
 
+    @pytest.mark.parametrize("payload_in_list", [False, True])
+    def test_drop_deletes_every_key_of_an_idle_queue(
+        self, client: Any, make_queue: Any, payload_in_list: bool
+    ) -> None:
+        q = make_queue(client, priority_steps=(0, 9), payload_in_list=payload_in_list)
+        q.publish(b"bulk", priority=9)  # rings the bell in level 1
+        q.publish(b"later", delay_ms=10_000)
+        self.dead_one(q, b"dead")
+        q.sweep()  # the guard key
+        tag = q.keys.processing.split("}")[0] + "}"
+        assert client.keys(tag.replace("{", "[{]").replace("}", "[}]") + "*")
+        assert q.drop() is True
+        left = [k for k in client.keys("*") if k.decode().startswith(tag) or
+                k.decode() in q.keys.levels]
+        left = [k for k in left if b":r:" not in k]  # request replies expire on their own
+        assert left == []
+
+    def test_drop_is_refused_while_a_message_is_claimed(self, q: ReliableQueue) -> None:
+        q.publish(b"a")
+        q.publish(b"b")
+        [d] = q.claim(timeout=0)
+        assert q.drop() is False
+        s = q.stats()
+        assert (s["ready"], s["in_flight"]) == (1, 1) and q.ack(d)
+        assert q.drop() is True and q.stats()["ready"] == 0
+
     def test_stats_snapshot(self, client: Any, make_queue: Any) -> None:
         q = make_queue(client, priority_steps=(0, 9))
         q.publish(b"bulk", priority=9)

@@ -1,4 +1,4 @@
-"""Inspection and administration of a queue: stats, dead letters, replay, purge."""
+"""Inspection and administration of a queue: stats, dead letters, replay, purge, drop."""
 
 from __future__ import annotations
 
@@ -51,3 +51,10 @@ class QueueAdmin:
     def purge(self) -> int:
         """Delete every waiting (ready or delayed) message; returns how many."""
         return int(self._scripts.run("purge"))
+
+    @_redis_errors
+    def drop(self) -> bool:
+        """Delete the queue: its waiting messages, dead letters, counters and every key of
+        its own. Refused (False, nothing deleted) while any message is claimed, since the
+        claims' tokens come from the queue's counters."""
+        return bool(int(self._scripts.run("drop")))

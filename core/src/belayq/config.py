@@ -34,6 +34,11 @@ class QueueConfig:
             lives in a per-message hash.
         ready_head: Which end of the ready lists is claimed next: ``"right"`` (producers
             LPUSH, as kombu's) or ``"left"`` (producers RPUSH, as RQ's ``rq:queue:NAME``).
+        bell: When the first priority level is empty but a lower one holds work, put one
+            wake-up entry in the first level so a claimer blocked on it (BLMOVE) wakes at
+            once. Turn it off while consumers that are not belayq pop the same lists (a
+            stock kombu worker cannot decode the entry); blocked claimers then look at the
+            lower levels every ``sweep_interval_ms`` instead.
         prefix: First part of every key belayq builds.
     """
 
@@ -50,6 +55,7 @@ class QueueConfig:
     starvation_floor: float = 0.0
     payload_in_list: bool = False
     ready_head: str = "right"
+    bell: bool = True
     prefix: str = "belayq"
 
     def __post_init__(self) -> None:
@@ -80,6 +86,8 @@ class QueueConfig:
             )
         if self.ready_head not in ("right", "left"):
             raise ConfigError(f"ready_head must be 'right' or 'left', got {self.ready_head!r}")
+        if not isinstance(self.bell, bool):
+            raise ConfigError(f"bell must be True or False, got {self.bell!r}")
         if not self.prefix or any(c in self.prefix for c in "{}"):
             raise ConfigError(f"prefix must be non-empty and hold no braces, got {self.prefix!r}")
 

@@ -66,6 +66,14 @@ class LeaseKeeper:
         if stop is not None:
             stop.set()
 
+    def stop_all(self) -> None:
+        """Stop keeping every queue (tests and shutdown hooks; a later claim registers again)."""
+        with self._lock:
+            stops = list(self._stops.values())
+            self._stops = weakref.WeakKeyDictionary()
+        for stop in stops:
+            stop.set()
+
     def _run(self, ref: weakref.ref[KeptQueue], stop: threading.Event) -> None:
         while True:
             queue = ref()

@@ -239,6 +239,8 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         Whatever it returns must be passed to :meth:`lease_claimed`; until then the entry
         sits in processing with no lease, and the sweep returns it if the caller dies.
         """
+        if not self.config.bell and len(self.keys.levels) > 1:
+            timeout = min(timeout, self.config.sweep_interval_ms / 1000)  # no bell wakes it
         return (
             "BLMOVE",
             self.keys.ready,
@@ -287,6 +289,26 @@ class ReliableQueue(HeldClaims, QueueAdmin):
             pairs = self._pairs(deliveries)
             reply = self._scripts.run("ack", *pairs, request_id=_digest("ack", pairs))
         return [bool(int(x)) for x in reply]
+
+    @_redis_errors
+    def ack_and_claim(
+        self, deliveries: Sequence[Delivery], count: int
+    ) -> tuple[list[bool], list[Delivery]]:
+        """Ack claims and claim up to ``count`` waiting messages in one round trip (the ack
+        and claim scripts, pipelined): a consumer's steady state with a small prefetch.
+
+        Returns:
+            One bool per acked claim, and the new deliveries (``[]`` if none waits).
+        """
+        _check_count(count)
+        self._keep()
+        with self._settling(deliveries):
+            pairs = self._pairs(deliveries)
+            acked, claimed = self._scripts.run_many(
+                ("ack", pairs, _digest("ack", pairs)),
+                ("claim", self._claim_args(count), _fresh_id()),
+            )
+        return [bool(int(x)) for x in acked], self._take(claimed[1:])
 
     def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
         """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round

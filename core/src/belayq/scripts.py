@@ -33,6 +33,7 @@ SCRIPT_NAMES = (
     "sweep",
     "replay",
     "purge",
+    "drop",
     "stats",
 )
 
@@ -76,7 +77,11 @@ class ScriptRunner:
 
     def common_args(self, request_id: str = "") -> list[Arg]:
         c = self.config
-        inline = ("1" if c.payload_in_list else "0") + ("L" if c.ready_head == "left" else "")
+        inline = (
+            ("1" if c.payload_in_list else "0")
+            + ("L" if c.ready_head == "left" else "")
+            + ("" if c.bell else "N")
+        )
         return [self.skew_ms, inline, c.max_deliveries, c.dead_letter_max, request_id]
 
     def load_all(self) -> None:
@@ -99,6 +104,23 @@ class ScriptRunner:
             # the EVALSHAs that queue_on puts in callers' transactions find theirs too.
             self.load_all()
             return self.client.evalsha(sha(name), n, *self.keys_vector, *argv)
+
+    def run_many(self, *calls: tuple[str, list[Arg], str]) -> list[Any]:
+        """Run several scripts in one round trip (a pipeline, not a transaction): each call
+        is ``(name, args, request_id)``; the replies in order. Reloads once on NOSCRIPT (a
+        script that found its cache empty ran nothing; request ids make the rest idempotent).
+        """
+        for attempt in (1, 2):
+            pipe = self.client.pipeline(transaction=False)
+            for name, args, request_id in calls:
+                self.queue_on(pipe, name, *args, request_id=request_id)
+            try:
+                return list(pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                self.load_all()
+        raise AssertionError("unreachable")
 
     def queue_on(self, pipeline: Any, name: str, *args: Arg, request_id: str = "") -> None:
         """Queue script ``name`` on the caller's pipeline (EVALSHA; no SCRIPT EXISTS)."""

@@ -8,7 +8,11 @@ measured recovery times are printed (run with ``-s`` to see them).
 from __future__ import annotations
 
 import collections
+import importlib
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,9 +29,6 @@ Records = Callable[[], list[dict[str, Any]]]
 
 def app(celery_env: dict[str, str], **env: str) -> Any:
     """The worker_app module, imported here with the test's environment (a fresh copy)."""
-    import importlib
-    import os
-
     saved = dict(os.environ)
     os.environ.update({**celery_env, **env})
     sys.path.insert(0, str(HERE))
@@ -53,18 +54,22 @@ def control(celery_env: dict[str, str], *args: str) -> str:
 
 @pytest.mark.parametrize("pool", ["solo", "prefork"])
 def test_tasks_run_results_come_back_and_remote_control_works(
-    pool: str, workers: Callable[..., Worker], celery_env: dict[str, str], kq: str
+    pool: str, workers: Callable[..., Worker], celery_env: dict[str, str], kq: str, port: int
 ) -> None:
     w = workers(f"--pool={pool}", "-c", "2").wait_ready()
     mod = app(celery_env)
     results = [mod.add.delay(i, i) for i in range(20)]
     assert [r.get(timeout=30) for r in results] == [2 * i for i in range(20)]
-    node = w.name.replace("%h", __import__("socket").gethostname())
+    node = w.name.replace("%h", socket.gethostname())
     assert "pong" in control(celery_env, "inspect", "ping", "-d", node, "-t", "10")
     assert kq in control(celery_env, "inspect", "active_queues", "-d", node, "-t", "10")
     assert "new rate limit set successfully" in control(
         celery_env, "control", "rate_limit", "worker_app.add", "100/s", "-d", node, "-t", "10")
     assert "transport" in w.text() and "belayq://" in w.text()
+    # Each control call's auto-delete reply queue is deleted with every key belayq kept
+    # for it (request replies expire on their own within 15 s).
+    left = redis.Redis(port=port).keys("*.reply.celery.pidbox*")
+    assert [k for k in left if b"}:r:" not in k] == []
 
 
 def test_kill9_of_the_main_process_mid_task_loses_nothing(
@@ -105,9 +110,6 @@ def test_kill9_of_a_pool_child_mid_task_reruns_it(
         mod.sleeper.delay(i, 1.5)
     first = wait_for(lambda: [r for r in records() if r["ev"] == "start"], 30, "a task to start")
     victim = first[0]
-    import os
-    import signal
-
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.time()
     wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
@@ -218,3 +220,32 @@ def _stats(port: int, name: str) -> dict[str, int]:
     from .test_transport import stats
 
     return stats(port, name)
+
+
+def test_an_expired_task_is_revoked_by_celery_not_dropped(
+    workers: Callable[..., Worker], celery_env: dict[str, str]
+) -> None:
+    # Celery sets the AMQP expiration of a task with `expires`; belayq leaves such a task
+    # to Celery, which marks it REVOKED (a silent broker-side drop would leave it PENDING).
+    import celery.exceptions
+
+    workers("--pool=solo", "--prefetch-multiplier=1").wait_ready()
+    mod = app(celery_env)
+    mod.sleeper.delay(0, 3.0)
+    result = mod.add.apply_async((1, 1), expires=1)
+    with pytest.raises(celery.exceptions.TaskRevokedError):
+        result.get(timeout=30)
+    assert result.status == "REVOKED"
+
+
+def test_an_idle_worker_without_the_bell_still_runs_low_priority_tasks(
+    workers: Callable[..., Worker], celery_env: dict[str, str], port: int, kq: str
+) -> None:
+    # priority_bell=False (a fleet shared with stock workers): the worker's blocking claim
+    # times out every sweep period and then claims from the lower-priority lists.
+    workers("--pool=solo", BQ_BELL="0").wait_ready()
+    mod = app(celery_env, BQ_BELL="0")
+    results = [mod.add.apply_async((i, i), priority=9) for i in range(3)]
+    assert [r.get(timeout=30) for r in results] == [0, 2, 4]
+    for entry in redis.Redis(port=port).lrange(kq, 0, -1):
+        json.loads(entry)  # the first list never held the bell

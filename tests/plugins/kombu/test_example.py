@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,7 @@ def test_celery_app_walkthrough_recovers_the_killed_workers_tasks(tmp_path: Path
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "celery_app.py")],
         capture_output=True, text=True, timeout=240,
-        env={**__import__("os").environ, "CELERY_APP_LOGS": str(tmp_path)},
+        env={**os.environ, "CELERY_APP_LOGS": str(tmp_path)},
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "picked up the dead worker's tasks" in out.stdout

@@ -124,17 +124,44 @@ def test_rollback_refuses_while_a_worker_still_holds_leases(url: str, port: int,
         m.ack()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the core rings its 'bell' entry in kombu's level-0 list when only lower priority "
-    "lists hold work; a stock consumer pops it and cannot decode it (a stock Celery worker "
-    "stops with JSONDecodeError). Needs a core option to not ring the bell in lists shared "
-    "with stock consumers; see plugins/kombu/README.md",
-)
+def test_by_default_belayq_rings_its_bell_in_the_first_list(url: str, port: int,
+                                                             kq: str) -> None:
+    # Why the option below exists: the wake-up entry is not a kombu message.
+    q = kombu.Queue(kq, routing_key=kq, max_priority=9)
+    publish(url, q, [{"n": 9}], priority=9)
+    [entry] = redis.Redis(port=port).lrange(kq, 0, -1)
+    with pytest.raises(ValueError):
+        json.loads(entry)
+
+
 def test_a_mixed_fleet_stock_consumer_only_ever_sees_kombu_messages(
     url: str, stock_url: str, port: int, kq: str
 ) -> None:
+    """priority_bell=False: the first list only ever holds kombu messages, on publish and on
+    every way a message returns to a lower list (requeue, release on close; lease expiry is
+    the core's test_bell_off_*), and belayq
+    consumers still find lower-priority work."""
     q = kombu.Queue(kq, routing_key=kq, max_priority=9)
-    publish(url, q, [{"n": 9}], priority=9)  # level 0 is empty: the core rings its bell there
-    for entry in redis.Redis(port=port).lrange(kq, 0, -1):
-        json.loads(entry)  # what a stock consumer does with every entry it pops
+    options = {**LEASE, "priority_bell": False}
+    r = redis.Redis(port=port)
+
+    def first_list_is_clean() -> None:
+        for entry in r.lrange(kq, 0, -1):
+            json.loads(entry)  # what a stock consumer does with every entry it pops
+
+    with kombu.Connection(url, transport_options=options) as conn:
+        conn.Producer().publish({"n": 9}, exchange=q.exchange, routing_key=q.routing_key,
+                                declare=[q], priority=9)
+        first_list_is_clean()
+        [m] = drain(conn, [q], 1, ack=False, prefetch_count=1)
+        m.requeue()
+        first_list_is_clean()
+        [m] = drain(conn, [q], 1, ack=False, prefetch_count=1)
+        assert m.payload == {"n": 9}
+    first_list_is_clean()  # closing released the unacked message to its own list
+    with kombu.Connection(url, transport_options=options) as conn:
+        got = drain(conn, [q], 1, prefetch_count=1)
+        first_list_is_clean()
+    assert [g.payload for g in got] == [{"n": 9}]
+    with kombu.Connection(stock_url) as conn:
+        assert drain(conn, [q], 1, timeout=0.5) == []  # nothing left, and nothing undecodable

@@ -98,6 +98,7 @@ def test_url_scheme_is_registered_and_class_path_works(url: str, port: int, kq: 
         ({"master_name": "mymaster"}, "Sentinel is not supported"),
         ({"priority_steps": [0, 5, 3]}, "priority_steps must be strictly increasing"),
         ({"visibility_timeout": 1, "lease_heartbeat_interval": 2}, "must be shorter than lease_ms"),
+        ({"priority_bell": "no"}, "'priority_bell' must be True or False"),
     ],
 )
 def test_bad_options_give_one_clear_error(url: str, options: dict[str, Any], message: str) -> None:
@@ -225,7 +226,10 @@ def test_purge_size_delete(url: str, port: int, kq: str) -> None:
         publish(url, q, [1])
         bound.declare()
         bound.delete()
-    assert redis.Redis(port=port).exists(kq) == 0
+    r = redis.Redis(port=port)
+    assert r.exists(kq) == 0
+    left = [k for k in r.keys(f"[{{]{kq}*") if b"}:r:" not in k]  # replies expire in 15 s
+    assert left == []  # belayq's companion keys (counters ...) are gone too
 
 
 def test_unstarted_messages_are_released_on_close(url: str, port: int, kq: str) -> None:
@@ -240,6 +244,30 @@ def test_unstarted_messages_are_released_on_close(url: str, port: int, kq: str) 
     with kombu.Connection(url) as conn:
         again = drain(conn, [q], 5)
     assert [m.payload for m in again] == [1, 2, 3, 4, 5]  # released to the front, in order
+
+
+def test_prefetch_one_claims_the_next_message_with_the_ack_and_releases_it_on_close(
+    url: str, port: int, kq: str
+) -> None:
+    """At prefetch 1 the ack's round trip also claims the next message (held, undelivered,
+    leased); closing hands it back uncounted, and it is never delivered twice."""
+    q = kombu.Queue(kq, routing_key=kq)
+    publish(url, q, list(range(5)))
+    got: list[Any] = []
+    cb = [lambda b, m: (got.append(b), m.ack())]
+    with kombu.Connection(url) as conn, kombu.Consumer(conn, [q], callbacks=cb,
+                                                       prefetch_count=1):
+        conn.drain_events(timeout=5)  # claims 0, hot: more was waiting
+        conn.drain_events(timeout=5)  # delivers 1 after acking 0 ... and so on
+        assert got == [0, 1]
+        s = stats(port, kq)
+        assert (s["acked"], s["in_flight"], s["ready"]) == (2, 1, 2)  # "2" is held
+    s = stats(port, kq)
+    assert (s["in_flight"], s["ready"], s["released"]) == (0, 3, 1)
+    with kombu.Connection(url) as conn:
+        rest = drain(conn, [q], 3, prefetch_count=1)
+    assert [m.payload for m in rest] == [2, 3, 4]
+    assert [m.delivery_info.get("redelivered", False) for m in rest] == [False] * 3
 
 
 def test_no_ack_consumer_and_basic_get(url: str, port: int, kq: str) -> None:

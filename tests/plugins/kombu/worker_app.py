@@ -28,6 +28,7 @@ app.conf.update(
         "visibility_timeout": float(env("BQ_LEASE", "20")),
         "max_deliveries": int(env("BQ_MAX_DELIVERIES", "5")),
         "sweep_interval": float(env("BQ_SWEEP", "0.5")),
+        "priority_bell": env("BQ_BELL", "1") == "1",
     },
     result_expires=600,
 )

@@ -18,6 +18,7 @@ import pytest
 import redis
 
 from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
+from belayq.lease import KEEPER
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +41,7 @@ def conn(rq_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis(port=rq_server.port)
     client.flushall()
     yield client
+    KEEPER.stop_all()  # a queue cached by this test must not sweep the next test's keys
     client.close()
 
 

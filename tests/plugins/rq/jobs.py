@@ -63,14 +63,15 @@ def sleeper(seconds: float) -> float:
 
 
 def hold_gil(seconds: float) -> float:
-    """One C call that keeps the GIL for about ``seconds`` (sum over a range never lets
+    """C calls that keep the GIL for at least ``seconds`` (sum over a range never lets
     another thread of this process run)."""
     _record("start")
     t0 = time.perf_counter()
     sum(range(2_000_000))
     per_item = (time.perf_counter() - t0) / 2_000_000
     t0 = time.perf_counter()
-    sum(range(int(seconds / per_item)))
+    while time.perf_counter() - t0 < seconds:  # calibrated under load, it may run faster
+        sum(range(max(1, int((seconds - (time.perf_counter() - t0)) / per_item))))
     held = time.perf_counter() - t0
     _record("done")
     return held

@@ -61,6 +61,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     stock_unacked_timeout = options.BELAYQ_OPTIONS["stock_unacked_timeout"][0]
     starvation_floor = options.BELAYQ_OPTIONS["starvation_floor"][0]
     blip_keep_max = options.BELAYQ_OPTIONS["blip_keep_max"][0]
+    priority_bell = options.BELAYQ_OPTIONS["priority_bell"][0]
     supports_batch_publish = False
     brpop_timeout: float = 1.0
     _in_listen: Any = False
@@ -162,6 +163,9 @@ class Channel(stock.Channel):  # type: ignore[misc]
         waiter = self._waiters.pop(name, None)
         if waiter is None:
             return
+        if waiter.ready:
+            ready, waiter.ready = waiter.ready, []
+            waiter.rq.release(ready)
         entry = waiter.close(self._unblock)
         if entry is not None:
             deliveries, _ = waiter.rq.lease_claimed(entry, 1)
@@ -197,6 +201,8 @@ class Channel(stock.Channel):  # type: ignore[misc]
         entry = waiter.read()
         if entry is None:
             waiter.hot = False
+            if not waiter.rq.config.bell and len(waiter.rq.keys.levels) > 1:
+                return self.claim_now(waiter)  # no bell wakes a claim for lower priorities
             return False
         rq = waiter.rq
         credit = self.credit() if waiter.queue in self._active_queues else 0
@@ -217,6 +223,15 @@ class Channel(stock.Channel):  # type: ignore[misc]
         deliveries, _ = waiter.rq.try_claim(credit)
         waiter.hot = len(deliveries) >= credit
         return bool(deliveries) and self._deliver(waiter.queue, waiter.rq, deliveries)
+
+    def deliver_ready(self, waiter: Waiter) -> bool:
+        """Deliver what the last ack's round trip claimed, within the credit left."""
+        ready, waiter.ready = waiter.ready, []
+        credit = self.credit() if waiter.queue in self._active_queues else 0
+        if len(ready) > credit:
+            waiter.rq.release(ready[max(credit, 0):])
+            ready = ready[: max(credit, 0)]
+        return bool(ready) and self._deliver(waiter.queue, waiter.rq, ready)
 
     def _deliver(self, queue: str, rq: ReliableQueue, deliveries: list[Delivery]) -> bool:
         """Hand claimed messages to kombu; give back what a raising callback never saw."""
@@ -247,7 +262,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
             except Exception as exc:
                 rq.dead_letter(d, f"not a kombu message: {exc!r}"[:500])
                 continue
-            if _expired(props):
+            if _expired(raw):
                 settle_now.append(d)
                 continue
             tag = tag_of(queue, d)
@@ -293,7 +308,12 @@ class Channel(stock.Channel):  # type: ignore[misc]
         return int(self.queue(queue).purge())
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
-        self.queue(queue).purge()
+        """Delete the queue's messages and, unless some are claimed, every key belayq keeps
+        for it (so auto-delete queues, such as each ``celery inspect`` reply queue, leave
+        nothing behind)."""
+        rq = self.queue(queue)
+        if not rq.drop():
+            rq.purge()
         super()._delete(queue, *args, **kwargs)
 
     # -- upkeep ------------------------------------------------------------------------
@@ -330,9 +350,15 @@ class Channel(stock.Channel):  # type: ignore[misc]
         super().close()
 
 
-def _expired(props: dict[str, Any]) -> bool:
+def _expired(raw: dict[str, Any]) -> bool:
+    """An AMQP ``expiration`` (per-message TTL) ran out. A Celery task that expires is left
+    to Celery (its ``expires`` header): Celery marks it REVOKED, as with the stock Redis
+    transport, where a silent drop would leave its result PENDING for ever."""
+    props = raw["properties"]
     expiration, published = props.get("expiration"), props.get(PUBLISHED_MS)
     if expiration is None or published is None:
+        return False
+    if (raw.get("headers") or {}).get("expires") is not None:
         return False
     try:
         return time() * 1000 >= int(published) + int(expiration)

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from belayq import Delivery, ReliableQueue
@@ -80,8 +80,7 @@ def pool_outcome(request: Any) -> bool | None:
 
 def abandon(rq: ReliableQueue, deliveries: Iterable[Delivery]) -> None:
     """Stop extending these claims; the sweep returns them once their lease runs out."""
-    forget = getattr(rq, "abandon", None) or rq._forget  # see the report: core API wanted
-    forget(list(deliveries))
+    rq.forget(list(deliveries))
 
 
 class Claims:
@@ -128,22 +127,32 @@ class Claims:
             return
         self._ack([claim])
 
-    def flush(self) -> None:
-        """Send the deferred acks, one script per queue."""
+    def flush(
+        self, more: Mapping[ReliableQueue, int] | None = None
+    ) -> dict[ReliableQueue, list[Delivery]]:
+        """Send the deferred acks, one script per queue. For a queue in ``more``, the same
+        round trip also claims up to that many waiting messages (returned, not delivered)."""
         if not self._deferred:
-            return
+            return {}
         with self._lock:
             batch, self._deferred = self._deferred, []
-        self._ack(batch)
+        return self._ack(batch, more or {})
 
     @staticmethod
-    def _ack(claims: list[Claim]) -> None:
+    def _ack(
+        claims: list[Claim], more: Mapping[ReliableQueue, int] | None = None
+    ) -> dict[ReliableQueue, list[Delivery]]:
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         for rq, d in claims:
             by_queue[rq].append(d)
+        claimed: dict[ReliableQueue, list[Delivery]] = {}
         for rq, deliveries in by_queue.items():
+            count = (more or {}).get(rq, 0)
             try:
-                done = rq.ack_many(deliveries)
+                if count > 0:
+                    done, claimed[rq] = rq.ack_and_claim(deliveries, count)
+                else:
+                    done = rq.ack_many(deliveries)
             except ConnectionLost:
                 for d in deliveries:
                     RETRY.add("ack", rq, d, "")
@@ -152,6 +161,7 @@ class Claims:
             if stale:
                 log.warning("ack of %s refused: the lease had expired and the message was "
                             "redelivered", ", ".join(stale))
+        return claimed
 
     def reject(self, tag: Any, *, requeue: bool, dead_letter: bool) -> None:
         """Requeue (counted delivery), dead-letter, or drop a claim."""

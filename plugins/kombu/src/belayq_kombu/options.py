@@ -33,6 +33,8 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "stock_unacked_timeout": (3600.0, "age after which a stock unacked message is adopted (s)"),
     "starvation_floor": (0.0, "share of claims served from the lowest non-empty priority"),
     "blip_keep_max": (3600.0, "longest a running task's lease is kept past a reconnect (s)"),
+    "priority_bell": (True, "wake-up entry in a queue's first list when only lower-priority "
+                      "lists hold work; False while stock workers consume the same queues"),
 }
 
 #: Read by kombu's Connection itself (retry policy), never by a channel.
@@ -113,6 +115,11 @@ def check(options: Mapping[str, Any]) -> None:
             _number(options, name, minimum=0.001)
     for name in ("max_deliveries", "dead_letter_max", "claim_batch", "max_connections"):
         _integer(options, name)
+    for name in ("dead_letter_rejected", "adopt_stock_unacked", "priority_bell"):
+        if name in options and not isinstance(options[name], bool):
+            raise ValueError(
+                f"belayq:// transport option {name!r} must be True or False, got {options[name]!r}"
+            )
     for name in ("global_keyprefix", "sep"):
         if name in options and not isinstance(options[name], str):
             raise ValueError(
@@ -157,6 +164,7 @@ def core_options(source: Any) -> dict[str, Any]:
         "priority_steps": tuple(source.priority_steps),
         "starvation_floor": float(source.starvation_floor),
         "payload_in_list": True,
+        "bell": source.priority_bell,
     }
     try:
         QueueConfig(**fields)

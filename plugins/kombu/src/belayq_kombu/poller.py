@@ -28,7 +28,7 @@ import redis
 from kombu.utils import eventio
 
 if TYPE_CHECKING:
-    from belayq import ReliableQueue
+    from belayq import Delivery, ReliableQueue
 
     from .channel import Channel
     from .claims import Claims
@@ -62,6 +62,9 @@ class Waiter:
         #: The last claim took all it could: more is probably waiting, so claim without
         #: blocking (one script instead of a blocking claim plus a lease script).
         self.hot = False
+        #: Claimed in the round trip that sent the last acks (drain_events only), delivered
+        #: by the next poll: at prefetch 1 a message costs one round trip, not two.
+        self.ready: list[Delivery] = []
 
     def socket(self) -> Any:
         """The connected socket, connecting (and learning the client id) if needed."""
@@ -213,6 +216,9 @@ class Poller:
                     # Without an event loop, claim what is waiting right here. With one,
                     # deliveries must come from a readable socket: Celery schedules the
                     # acks for the next loop iteration, which only a socket event starts.
+                    if waiter.ready and channel.deliver_ready(waiter):
+                        delivered = True
+                        continue
                     if waiter.hot and not self.with_hub and channel.claim_now(waiter):
                         delivered = True
                         continue
@@ -283,13 +289,30 @@ class Poller:
             self._in_protected_read = False
             if claims is not None:
                 claims.defer_thread = deferring
-                claims.flush()
+                self._flush_and_claim(claims)
             while self.after_read:
                 try:
                     fun = self.after_read.pop()
                 except KeyError:
                     break
                 fun()
+
+    def _flush_and_claim(self, claims: Claims) -> None:
+        """Send the acks the callbacks made during :meth:`get`; for a queue whose last claim
+        found more waiting, claim the next messages in the same round trip."""
+        more: dict[ReliableQueue, int] = {}
+        takers: dict[ReliableQueue, Waiter] = {}
+        if not self.with_hub:
+            for channel in list(self._channels):
+                for waiter in channel.waiters(create=False):
+                    if waiter.hot and waiter.sent_at is None and not waiter.ready:
+                        credit = channel.credit() if channel.qos.can_consume() else 0
+                        if credit > 0 and waiter.rq not in more:
+                            more[waiter.rq], takers[waiter.rq] = credit, waiter
+        for rq, deliveries in claims.flush(more).items():
+            waiter = takers[rq]
+            waiter.ready = deliveries
+            waiter.hot = len(deliveries) >= more[rq]
 
     # -- upkeep (timers with the hub; piggybacked on empty polls without one) ------------
 

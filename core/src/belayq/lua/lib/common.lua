@@ -15,9 +15,10 @@
 --   ARGV[1]  skew_ms         added to the server clock; 0 except in tests that move time
 --   ARGV[2]  mode            first char '1': list entries are the payloads themselves (id =
 --                            sha1 of the entry); '0': entries are ids, payloads live in the
---                            message hash. Optional second char 'L': the head of the ready
---                            lists (claimed next) is their LEFT end, as RQ's (producers RPUSH);
---                            otherwise it is the RIGHT end, as kombu's (producers LPUSH)
+--                            message hash. Flags after it: 'L' the head of the ready lists
+--                            (claimed next) is their LEFT end, as RQ's (producers RPUSH);
+--                            otherwise it is the RIGHT end, as kombu's (producers LPUSH).
+--                            'N' never ring the bell (lists shared with stock consumers)
 --   ARGV[3]  max_deliveries  deliveries after which a failed message is dead-lettered
 --   ARGV[4]  dead_max        cap of the dead-letter list
 --   ARGV[5]  request_id      '' or an id the client gives a non-idempotent call (publish,
@@ -25,7 +26,7 @@
 --                            REPLY_TTL_MS under '<base>r:<request id>' so that a re-sent
 --                            call (redis-py retries after a dropped connection) gets the
 --                            first reply instead of running twice
--- Script-specific arguments start at ARGV[5].
+-- Script-specific arguments start at ARGV[6].
 --
 -- Message hash fields: p payload (in inline mode: the list entry), l level (1-based),
 -- n deliveries, t token of the current claim ('0' = provisional lease of the sweep),
@@ -43,7 +44,8 @@ local base = string.sub(processing, 1, -11)
 
 local skew_ms = tonumber(ARGV[1])
 local inline = string.sub(ARGV[2], 1, 1) == '1'
-local HEAD = string.sub(ARGV[2], 2, 2) == 'L' and 'LEFT' or 'RIGHT'
+local HEAD = string.find(ARGV[2], 'L', 2, true) and 'LEFT' or 'RIGHT'
+local BELL_ON = not string.find(ARGV[2], 'N', 2, true)
 local max_deliveries = tonumber(ARGV[3])
 local dead_max = tonumber(ARGV[4])
 local request_id = ARGV[5]
@@ -182,8 +184,9 @@ end
 -- Keep "level 1 empty => nothing ready anywhere" true for blocked claimers: when level 1
 -- is empty but a lower level holds work, ring the bell in level 1 so a BLMOVE wakes up
 -- and claims by priority. At most one bell exists, since it is rung only into an empty list.
+-- With the bell off (mode 'N') blocked claimers time out every sweep period and look.
 local function fix_door()
-  if #levels < 2 or redis.call('LLEN', levels[1]) > 0 then return end
+  if not BELL_ON or #levels < 2 or redis.call('LLEN', levels[1]) > 0 then return end
   for i = 2, #levels do
     if redis.call('LLEN', levels[i]) > 0 then
       push_head(levels[1], BELL)
