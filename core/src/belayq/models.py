@@ -10,7 +10,8 @@ class Delivery:
     """One claim of one message.
 
     Attributes:
-        id: The message id (in inline mode, the sha1 of the list entry).
+        id: The message id. In inline mode: the list entry itself when it is short
+            printable ASCII (an RQ job id), else the SHA1 of the entry.
         payload: The message bytes.
         token: The fencing token of this claim; settle calls must present it.
         deliveries: How many times the message has been claimed, 1 on the first claim.

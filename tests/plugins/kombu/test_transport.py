@@ -333,3 +333,25 @@ def test_register_is_idempotent() -> None:
     belayq_kombu.register()
     belayq_kombu.register()
     assert TRANSPORT_ALIASES["belayq"] == belayq_kombu.SCHEMES["belayq"]
+
+
+def test_a_consumer_callback_error_propagates_and_dead_letters_nothing(
+    url: str, port: int, kq: str
+) -> None:
+    """As with the stock transport, an exception raised by the consumer's own callback
+    reaches the caller of drain_events and the message stays unacked (only a message kombu
+    cannot turn into a Message is quarantined by the transport)."""
+    q = kombu.Queue(kq, routing_key=kq)
+    publish(url, q, [{"n": 1}])
+
+    def boom(body: Any, message: Any) -> None:
+        raise RuntimeError("consumer bug")
+
+    with kombu.Connection(url) as conn, kombu.Consumer(conn, [q], callbacks=[boom],
+                                                       prefetch_count=1):
+        with pytest.raises(RuntimeError, match="consumer bug"):
+            conn.drain_events(timeout=5)
+        s = stats(port, kq)
+        assert (s["in_flight"], s["dead"]) == (1, 0)
+    s = stats(port, kq)
+    assert (s["ready"], s["in_flight"], s["dead"]) == (1, 0, 0)  # released on close

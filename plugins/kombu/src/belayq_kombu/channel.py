@@ -44,10 +44,25 @@ loads: Any = _json.loads
 PUBLISHED_MS = "x-belayq-published-ms"
 
 
+class Message(stock.Channel.Message):  # type: ignore[misc]
+    """kombu's message, remembering why its body did not decode: a consumer that then acks
+    it (Celery's ``on_decode_error`` does) dead-letters it instead (see :class:`.qos.QoS`)."""
+
+    undecodable: str | None = None
+
+    def _decode(self) -> Any:
+        try:
+            return super()._decode()
+        except Exception as exc:
+            self.undecodable = f"body does not decode: {exc!r}"[:500]
+            raise
+
+
 class Channel(stock.Channel):  # type: ignore[misc]
     """A kombu channel whose queues are belayq queues."""
 
     QoS = QoS
+    Message = Message
     from_transport_options = options.channel_option_names()
     visibility_timeout = options.DEFAULT_LEASE_S
 
@@ -242,13 +257,27 @@ class Channel(stock.Channel):  # type: ignore[misc]
         delivered = False
         try:
             while envelopes:
-                raw, _ = envelopes.pop(0)
-                self.connection._deliver(raw, queue)
+                raw, tag = envelopes.pop(0)
+                try:
+                    self.connection._deliver(raw, queue)
+                except Exception as exc:
+                    if tag in self.qos._delivered or isinstance(exc, self.connection_errors):
+                        raise  # the consumer's own error, as with the stock transport
+                    self._quarantine(tag, exc)  # kombu could not make a Message of it
                 delivered = True
         finally:
             if envelopes:
                 self.claims.release(tag for _, tag in envelopes)
         return delivered
+
+    def _quarantine(self, tag: Any, exc: Exception) -> None:
+        """Dead-letter a message kombu could not turn into a Message (a body that does not
+        decode from its ``body_encoding`` ...) instead of letting the exception stop the
+        worker. Its consumer never saw it."""
+        log.error("belayq: dead-lettering a message kombu could not read: %r", exc,
+                  exc_info=True)
+        self.claims.reject(tag, requeue=False, dead_letter=True,
+                           reason=f"delivery failed: {exc!r}"[:500])
 
     def _envelopes(
         self, queue: str, rq: ReliableQueue, deliveries: list[Delivery], *, no_ack: bool
@@ -259,6 +288,8 @@ class Channel(stock.Channel):  # type: ignore[misc]
             try:
                 raw = loads(d.payload.decode("utf-8"))
                 props = raw["properties"]
+                if not isinstance(props, dict):
+                    raise TypeError(f"properties is a {type(props).__name__}, not an object")
             except Exception as exc:
                 rq.dead_letter(d, f"not a kombu message: {exc!r}"[:500])
                 continue

@@ -163,16 +163,19 @@ class Claims:
                             "redelivered", ", ".join(stale))
         return claimed
 
-    def reject(self, tag: Any, *, requeue: bool, dead_letter: bool) -> None:
-        """Requeue (counted delivery), dead-letter, or drop a claim."""
+    def reject(
+        self, tag: Any, *, requeue: bool, dead_letter: bool, reason: str | None = None
+    ) -> None:
+        """Requeue (counted delivery), dead-letter, or drop a claim (``reason``: kept with a
+        dead letter or a requeued message)."""
         claim = self.pop(tag)
         if claim is None:
             return
         rq, d = claim
         if requeue:
-            op, reason = "nack", "rejected with requeue"
+            op, reason = "nack", reason or "rejected with requeue"
         elif dead_letter:
-            op, reason = "dead", "rejected without requeue"
+            op, reason = "dead", reason or "rejected without requeue"
         else:
             op, reason = "ack", ""
         try:

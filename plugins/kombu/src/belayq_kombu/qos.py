@@ -30,12 +30,21 @@ class QoS(stock.QoS):  # type: ignore[misc]
         virtual.QoS.append(self, message, delivery_tag)
 
     def ack(self, delivery_tag: Any) -> None:
-        self.channel.claims.ack(delivery_tag)
+        # A message whose body did not decode is malformed: a consumer that acks it to be
+        # rid of it (Celery's on_decode_error) quarantines it, with the decode error.
+        undecodable = getattr(self._delivered.get(delivery_tag), "undecodable", None)
+        if undecodable:
+            self.channel.claims.reject(
+                delivery_tag, requeue=False, dead_letter=True, reason=undecodable
+            )
+        else:
+            self.channel.claims.ack(delivery_tag)
         virtual.QoS.ack(self, delivery_tag)
 
     def reject(self, delivery_tag: Any, requeue: bool = False) -> None:
         self.channel.claims.reject(
-            delivery_tag, requeue=requeue, dead_letter=self.channel.dead_letter_rejected
+            delivery_tag, requeue=requeue, dead_letter=self.channel.dead_letter_rejected,
+            reason=None if requeue else _rejected_reason(self._delivered.get(delivery_tag)),
         )
         virtual.QoS.ack(self, delivery_tag)
 
@@ -86,3 +95,13 @@ class QoS(stock.QoS):  # type: ignore[misc]
     def visibility_timeout(self) -> float:
         # Read by the stock restore_visible that adopts the stock unacked hash.
         return float(self.channel.stock_unacked_timeout)
+
+
+def _rejected_reason(message: Any) -> str:
+    """The dead-letter reason of a message rejected without requeue, naming its task
+    (Celery rejects unregistered and invalid tasks this way)."""
+    headers = getattr(message, "headers", None)
+    task = headers.get("task") if isinstance(headers, dict) else None
+    if task is None:
+        return "rejected without requeue"
+    return f"rejected without requeue (task {str(task)[:200]!r})"

@@ -97,7 +97,9 @@ class Queue(RQQueue):
 
         Keeps RQ's contract: ``timeout=None`` does not wait and returns None when every
         queue is empty; a timeout > 0 waits (on all queues at once) and raises
-        ``DequeueTimeout``; 0 raises ``ValueError``. Jobs whose hash is gone are dropped.
+        ``DequeueTimeout``; 0 raises ``ValueError``. An entry that is no loadable job (its
+        hash is gone, or it is not a job id) goes to the core's dead-letter list with the
+        reason, and the next one is claimed.
 
         A job claimed again after a lost attempt gets RQ's records of that attempt removed
         first; one that already lost ``max_deliveries`` attempts goes to the
@@ -143,10 +145,8 @@ def _admit(
     """The job to run for ``delivery``, or None when there is nothing to run (settled)."""
     claim = Claim(core, delivery, queue._max_deliveries)
     try:
-        try:
-            job = job_cls.fetch(delivery.id, connection=core.client, serializer=serializer)
-        except NoSuchJobError:
-            core.ack(delivery)  # deleted, or its ttl ran out while it waited
+        job = _load(core, delivery, job_cls, serializer)
+        if job is None:
             return None
         if delivery.deliveries > 1:
             if job.get_status(refresh=False) in settle.SETTLED:
@@ -174,6 +174,37 @@ def _admit(
         raise
     attach(job, claim)
     return job
+
+
+def _load(
+    core: ReliableQueue,
+    delivery: Delivery,
+    job_cls: type[Job],
+    serializer: Serializer | str | None,
+) -> Job | None:
+    """The job whose id ``delivery`` carries, or None when there is none to run: the entry
+    is then dead-lettered in the core with the reason (it is no job RQ could fail).
+
+    Raises:
+        redis.ConnectionError, redis.TimeoutError: Redis unreachable (RQ's worker retries).
+    """
+    entry = delivery.payload  # the list entry itself: RQ's job id, however long
+    shown = entry[:100].decode("ascii", "backslashreplace") + ("..." if len(entry) > 100 else "")
+    try:
+        return job_cls.fetch(entry.decode("ascii"), connection=core.client, serializer=serializer)
+    except (redis.ConnectionError, redis.TimeoutError):
+        raise
+    except NoSuchJobError as exc:
+        reason = (
+            f"belayq_rq: no job hash for '{shown}': the job was deleted or its ttl ran out "
+            f"before it ran, or the entry is not an RQ job id ({exc})"
+        )
+    except Exception as exc:  # not a valid id, or a hash RQ cannot read: never stop the worker
+        reason = f"belayq_rq: cannot load job '{shown}': {exc!r}"
+    reason = reason[:500]
+    log.error("dead-lettered an entry of %s: %s", core.name, reason)
+    core.dead_letter(delivery, reason)
+    return None
 
 
 def _hand_back(core: ReliableQueue, delivery: Delivery, reason: str) -> None:

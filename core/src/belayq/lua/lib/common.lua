@@ -63,7 +63,9 @@ local function mkey(id)
   return base .. 'm:' .. id
 end
 
--- Short entries (RQ job ids) are their own id; long ones (kombu envelopes) go by digest.
+-- Short printable-ASCII entries (RQ job ids) are their own id; long ones (kombu envelopes)
+-- and any holding other bytes (binary or non-ASCII garbage pushed by another program) go by
+-- digest, so every id survives the trip through a client as text and settles its message.
 -- fakeredis has no redis.sha1hex, so it gets a weaker polynomial digest instead.
 local function digest(s)
   if redis.sha1hex then return redis.sha1hex(s) end
@@ -77,7 +79,9 @@ local function digest(s)
 end
 
 local function id_of(entry)
-  if inline and #entry > 64 then return digest(entry) end
+  if inline and (#entry > 64 or #entry == 0 or string.find(entry, '[^!-~]')) then
+    return digest(entry)
+  end
   return entry
 end
 

@@ -1,0 +1,170 @@
+"""The ACL users of docs/acl.md, created on a redis-server of our own: the core, a real
+``celery worker`` and a real ``rq worker`` run as them (publish, claim, ack, recovery by
+the sweep) with no refusal in ``ACL LOG``; and the users really are restricted."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import rq
+from rq.job import JobStatus
+
+import belayq_rq
+from belayq import ConnectionLost, ReliableQueue
+from belayq.embedded import RedisServer
+from belayq.lease import KEEPER
+from belayq.multi import claim_any
+from tests.badinput.helpers import ROOT, CeleryWorker, celery_app, kombu_core, start_server
+from tests.plugins.rq import jobs
+from tests.plugins.rq.conftest import Workers, wait_for
+
+PASSWORD = "acl-test-pw"
+
+
+def documented_users() -> dict[str, list[str]]:
+    """User name -> the rule tokens of each ``ACL SETUSER`` block in docs/acl.md."""
+    text = (ROOT / "docs" / "acl.md").read_text()
+    users = {}
+    for block in re.findall(r"```\n(ACL SETUSER .*?)```", text, re.S):
+        tokens = block.split()[2:]
+        users[tokens[0]] = [PASSWORD.join(t.split("CHANGE-ME")) for t in tokens[1:]]
+    return users
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    s = start_server()
+    admin = redis.Redis(port=s.port)
+    for user, rules in documented_users().items():
+        admin.execute_command("ACL", "SETUSER", user, *rules)
+    admin.close()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(server: RedisServer) -> Iterator[redis.Redis]:
+    c = redis.Redis(port=server.port)
+    yield c
+    c.close()
+
+
+def as_user(server: RedisServer, user: str, db: int = 0) -> redis.Redis:
+    return redis.Redis(port=server.port, username=user, password=PASSWORD, db=db)
+
+
+def fresh_log(admin: redis.Redis) -> None:
+    admin.acl_log_reset()
+
+
+def refusals(admin: redis.Redis, user: str) -> list[dict[str, object]]:
+    return [e for e in admin.acl_log() if e.get("username") == user]
+
+
+def test_docs_define_the_three_users() -> None:
+    assert set(documented_users()) == {"belayq-core", "belayq-celery", "belayq-rq"}
+
+
+def test_the_core_runs_as_its_acl_user(server: RedisServer, admin: redis.Redis) -> None:
+    fresh_log(admin)
+    c = as_user(server, "belayq-core")
+    q = ReliableQueue(c, "acl-core", lease_ms=300, keeper=False)
+    other = ReliableQueue(c, "acl-core-2", keeper=False)
+    q.publish(b"a")
+    q.publish(b"later", delay_ms=50)
+    d = q.claim(1)[0]
+    assert q.extend([d]) == [True] and q.ack(d)
+    time.sleep(0.06)
+    d = q.claim(1)[0]
+    assert q.nack(d, reason="retry") == "ready"
+    d = q.claim(1)[0]
+    assert q.dead_letter(d, "malformed")
+    assert [x.reason for x in q.dead_letters()] == ["malformed"]
+    assert q.replay_dead() == 1
+    lost = q.claim(1)[0]  # never settled: the sweep brings it back after the lease
+    time.sleep(0.4)
+    assert q.sweep().reclaimed == 1
+    again = q.claim(1)[0]
+    assert again.id == lost.id and again.deliveries == lost.deliveries + 1 and q.ack(again)
+    other.publish(b"b")
+    got = claim_any([q, other], timeout=1)  # blocks on both, unblocks the other
+    assert [x.payload for x in got] == [b"b"] and other.ack(got[0])
+    assert q.stats()["in_flight"] == 0 and q.purge() == 0
+    assert refusals(admin, "belayq-core") == []
+    c.close()
+
+
+@pytest.mark.parametrize("command", [("FLUSHALL",), ("CONFIG", "GET", "*"), ("KEYS", "*"),
+                                     ("SET", "not-belayq", "1"), ("GET", "outside:key"),
+                                     ("ACL", "LIST")])
+def test_the_acl_users_are_really_restricted(server: RedisServer, command: tuple[str, ...]):
+    for user in documented_users():
+        c = as_user(server, user)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            c.execute_command(*command)
+        c.close()
+
+
+def test_a_queue_outside_the_patterns_is_refused(server: RedisServer) -> None:
+    c = as_user(server, "belayq-core")
+    with pytest.raises((redis.exceptions.NoPermissionError, ConnectionLost)):
+        ReliableQueue(c, "q", prefix="other", keeper=False)
+    c.close()
+
+
+def test_a_celery_worker_runs_as_its_acl_user(
+    server: RedisServer, admin: redis.Redis, tmp_path: Path
+) -> None:
+    fresh_log(admin)
+    user = f"belayq-celery:{PASSWORD}@127.0.0.1:{server.port}"
+    env = {"BQ_BROKER": f"belayq://{user}/0", "BQ_BACKEND": f"redis://{user}/1",
+           "BQ_QUEUE": "celery", "BQ_LEASE": "1", "BQ_RECORDS": "records",
+           "BQ_RECORDS_URL": f"redis://127.0.0.1:{server.port}/1"}
+    app = celery_app(env)
+    # A claim whose holder vanished (lease 500 ms, never acked): the worker's sweep, as the
+    # ACL user, puts it back and the worker runs it.
+    lost = app.record.delay("lost")
+    core = kombu_core(as_user(server, "belayq-celery"), "celery", lease_ms=500)
+    core.forget(core.try_claim(1)[0])
+    w = CeleryWorker(tmp_path / "worker.log", "--pool=prefork", "-c", "1", "-E", **env)
+    try:
+        w.wait_ready()
+        assert [app.record.delay(f"t{i}").get(timeout=30) for i in range(3)] == [0, 0, 0]
+        assert lost.get(timeout=30) == 0
+        assert app.app.control.ping(timeout=5), "no pong over pub/sub fanout"
+        assert w.alive()
+    finally:
+        w.stop()
+    assert refusals(admin, "belayq-celery") == [], refusals(admin, "belayq-celery")
+
+
+def test_an_rq_worker_runs_as_its_acl_user(
+    server: RedisServer, admin: redis.Redis, tmp_path: Path
+) -> None:
+    fresh_log(admin)
+    url = f"redis://belayq-rq:{PASSWORD}@127.0.0.1:{server.port}/0"
+    c = as_user(server, "belayq-rq")
+    ws = Workers(url, tmp_path)
+    try:
+        queue = rq.Queue("aclq", connection=c)
+        # A job claimed by a "worker" that then vanished (lease 300 ms, never acked).
+        lost = queue.enqueue(jobs.add, 2, 2)
+        core = belayq_rq.Queue("aclq", connection=c, lease_ms=300).belayq()
+        assert core.try_claim(1)[0][0].id == lost.id
+        core.forget(core.held)
+        proc = ws.start("aclq", worker_class="belayq_rq.Worker")
+        done = [queue.enqueue(jobs.add, i, 1) for i in range(3)]
+        wait_for(lambda: all(j.get_status() == JobStatus.FINISHED for j in [*done, lost]), 60,
+                 "the jobs, and the lost one after the sweep")
+        assert [j.return_value() for j in done] == [1, 2, 3] and lost.return_value() == 4
+        assert proc.poll() is None
+    finally:
+        ws.stop_all()
+        KEEPER.stop_all()  # the lost claim's queue must not sweep a stopped server
+        c.close()
+    assert refusals(admin, "belayq-rq") == [], refusals(admin, "belayq-rq")
