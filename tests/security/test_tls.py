@@ -6,10 +6,13 @@ worker`` on ``rediss://`` working over it, certificates verified. CI's Debian re
 from __future__ import annotations
 
 import shutil
+import ssl
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import kombu
 import pytest
 import redis
 import rq
@@ -19,6 +22,7 @@ from belayq import ReliableQueue
 from belayq.embedded import RedisServer, free_port
 from tests.badinput.helpers import CeleryWorker, celery_app, start_server
 from tests.conftest import unavailable
+from tests.plugins.kombu.test_transport import drain
 from tests.plugins.rq import jobs
 from tests.plugins.rq.conftest import Workers, wait_for
 
@@ -99,3 +103,22 @@ def test_an_rq_worker_over_rediss(tls: tuple[int, Path], tmp_path: Path) -> None
     finally:
         ws.stop_all()
         conn.close()
+
+
+def test_belayqs_publishes_and_consumes_with_kombu(tls: tuple[int, Path]) -> None:
+    port, ca = tls
+    name = f"tls-{uuid.uuid4().hex[:8]}"
+    q = kombu.Queue(name, routing_key=name)
+    options = {"ssl_cert_reqs": ssl.CERT_REQUIRED, "ssl_ca_certs": str(ca)}
+    with kombu.Connection(f"belayqs://127.0.0.1:{port}/0", ssl=options) as conn:
+        conn.Producer().publish({"over": "tls"}, routing_key=name, declare=[q])
+        got = drain(conn, [q], 1, prefetch_count=1)
+        assert [m.payload for m in got] == [{"over": "tls"}]
+        pool = conn.default_channel.core_client.connection_pool
+        assert "SSL" in pool.connection_class.__name__
+
+
+def test_belayqs_verifies_the_server_certificate_by_default(tls: tuple[int, Path]) -> None:
+    port, _ = tls
+    with pytest.raises(Exception, match="certificate verify failed"):
+        kombu.Connection(f"belayqs://127.0.0.1:{port}/0").connect()
