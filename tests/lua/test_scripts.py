@@ -404,8 +404,8 @@ class TestReplayPurgeStats:
         tag = q.keys.processing.split("}")[0] + "}"
         assert client.keys(tag.replace("{", "[{]").replace("}", "[}]") + "*")
         assert q.drop() is True
-        left = [k for k in client.keys("*") if k.decode().startswith(tag) or
-                k.decode() in q.keys.levels]
+        ours = {level.encode() for level in q.keys.levels}
+        left = [k for k in client.keys("*") if k.startswith(tag.encode()) or k in ours]
         left = [k for k in left if b":r:" not in k]  # request replies expire on their own
         assert left == []
 
