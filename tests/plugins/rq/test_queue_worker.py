@@ -312,6 +312,32 @@ def test_redelivery_removes_the_lost_attempts_started_entries(conn: redis.Redis)
     assert job.id not in FailedJobRegistry("q", connection=conn)
 
 
+def test_a_finished_job_is_not_failed_by_a_later_lost_attempt(conn: redis.Redis) -> None:
+    """Attempt 1 is cut off (frozen) but finishes later; attempt 2 (started meanwhile) is
+    lost; the worker that claims delivery 3 sees the job FINISHED and drops its copy, and
+    with it attempt 2's StartedJobRegistry entry, which RQ's cleanup would otherwise turn
+    into a FAILED AbandonedJobError (found by the chaos harness)."""
+    q = belayq_rq.Queue("q", connection=conn, lease_ms=300)
+    job = q.enqueue(jobs.add, 1, 2)
+    w = belayq_rq.SimpleWorker([q], connection=conn)
+    first, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    claim_of(first).core.forget([claim_of(first).delivery])  # type: ignore[union-attr]
+    time.sleep(0.4)
+    second, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    w.prepare_execution(second)  # attempt 2 starts ...
+    claim_of(second).core.forget([claim_of(second).delivery])  # type: ignore[union-attr]
+    job.set_status(JobStatus.FINISHED)  # ... while attempt 1 completes the job
+    registry = StartedJobRegistry("q", connection=conn)
+    assert registry.get_job_ids(cleanup=False)
+    time.sleep(0.4)
+    assert belayq_rq.Queue.dequeue_any([q], None, connection=conn) is None  # dropped
+    assert registry.get_job_ids(cleanup=False) == []
+    registry.cleanup(timestamp=time.time() + 10**7)
+    assert job.get_status() == JobStatus.FINISHED
+    assert job.id not in FailedJobRegistry("q", connection=conn)
+    assert q.belayq().stats()["in_flight"] == 0
+
+
 # -- class plumbing ------------------------------------------------------------------------
 
 

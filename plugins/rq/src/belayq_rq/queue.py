@@ -151,7 +151,12 @@ def _admit(
         if delivery.deliveries > 1:
             if job.get_status(refresh=False) in settle.SETTLED:
                 # Its lost attempt had in fact finished, or RQ's cleanup failed it first.
-                core.ack(delivery)
+                # Attempts lost since then leave StartedJobRegistry entries behind, which
+                # RQ's cleanup would turn into a FAILED AbandonedJobError: drop them too.
+                with core.client.pipeline() as pipe:
+                    settle.drop_stale_executions(job, pipe)
+                    core.ack_on(pipe, [delivery])
+                    pipe.execute()
                 return None
             if delivery.deliveries > claim.max_deliveries:
                 cause = "the worker stopped renewing the lease (killed, or cut off from Redis)"
