@@ -242,10 +242,10 @@ class Channel(stock.Channel):  # type: ignore[misc]
     def deliver_ready(self, waiter: Waiter) -> bool:
         """Deliver what the last ack's round trip claimed, within the credit left."""
         ready, waiter.ready = waiter.ready, []
-        credit = self.credit() if waiter.queue in self._active_queues else 0
+        credit = max(0, self.credit()) if waiter.queue in self._active_queues else 0
         if len(ready) > credit:
-            waiter.rq.release(ready[max(credit, 0):])
-            ready = ready[: max(credit, 0)]
+            waiter.rq.release(ready[credit:])
+            ready = ready[:credit]
         return bool(ready) and self._deliver(waiter.queue, waiter.rq, ready)
 
     def _deliver(self, queue: str, rq: ReliableQueue, deliveries: list[Delivery]) -> bool:

@@ -127,6 +127,11 @@ class Claims:
             return
         self._ack([claim])
 
+    @property
+    def pending(self) -> bool:
+        """Whether acks wait for :meth:`flush`."""
+        return bool(self._deferred)
+
     def flush(
         self, more: Mapping[ReliableQueue, int] | None = None
     ) -> dict[ReliableQueue, list[Delivery]]:
@@ -142,12 +147,13 @@ class Claims:
     def _ack(
         claims: list[Claim], more: Mapping[ReliableQueue, int] | None = None
     ) -> dict[ReliableQueue, list[Delivery]]:
+        more = more or {}
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         for rq, d in claims:
             by_queue[rq].append(d)
         claimed: dict[ReliableQueue, list[Delivery]] = {}
         for rq, deliveries in by_queue.items():
-            count = (more or {}).get(rq, 0)
+            count = more.get(rq, 0)
             try:
                 if count > 0:
                     done, claimed[rq] = rq.ack_and_claim(deliveries, count)

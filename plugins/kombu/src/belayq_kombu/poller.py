@@ -300,6 +300,8 @@ class Poller:
     def _flush_and_claim(self, claims: Claims) -> None:
         """Send the acks the callbacks made during :meth:`get`; for a queue whose last claim
         found more waiting, claim the next messages in the same round trip."""
+        if not claims.pending:
+            return
         more: dict[ReliableQueue, int] = {}
         takers: dict[ReliableQueue, Waiter] = {}
         if not self.with_hub:
