@@ -46,12 +46,14 @@ def payload_in_list(request: pytest.FixtureRequest) -> bool:
 
 def test_level_of_is_the_largest_step_not_above(r, make_queue):
     q = make_queue(r, priority_steps=STEPS4)
-    got = {p: q.level_of(p) for p in range(13)}
-    assert got == {0: 1, 1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 3, 7: 3, 8: 3, 9: 4, 10: 4, 11: 4, 12: 4}
-    assert q.level_of(10**9) == 4
+    got = {p: q.level_of(p) for p in range(10)}
+    assert got == {0: 1, 1: 1, 2: 1, 3: 2, 4: 2, 5: 2, 6: 3, 7: 3, 8: 3, 9: 4}
+    for above in (10, 10**9):  # above the last step: refused, never silently folded in
+        with pytest.raises(ConfigError, match=r"within 0\.\.9"):
+            q.level_of(above)
     # Below the first step: the highest level.
     q2 = make_queue(r, name=q.name + "-b", priority_steps=(2, 5))
-    assert [q2.level_of(p) for p in range(7)] == [1, 1, 1, 1, 1, 2, 2]
+    assert [q2.level_of(p) for p in range(6)] == [1, 1, 1, 1, 1, 2]
 
 
 def test_priority_five_goes_to_the_level_of_step_three(any_client, make_queue):
@@ -64,14 +66,27 @@ def test_priority_five_goes_to_the_level_of_step_three(any_client, make_queue):
     p6 = q.publish(b"six", priority=6)
     p0 = q.publish(b"zero", priority=0)
     p4 = q.publish(b"four", priority=4)
-    p100 = q.publish(b"hundred", priority=100)
-    assert [d.id for d in _drain(q)] == [p0, mid, p3, p4, p6, p9, p100]
+    with pytest.raises(ConfigError, match="priority"):
+        q.publish(b"hundred", priority=100)
+    assert [d.id for d in _drain(q)] == [p0, mid, p3, p4, p6, p9]
 
 
-def test_one_step_means_priority_is_ignored(any_client, make_queue):
-    q = make_queue(any_client)  # default priority_steps=(0,)
-    ids = [q.publish(f"m{p}", priority=p) for p in (5, 0, 9, 1)]
-    assert [d.id for d in _drain(q)] == ids
+def test_default_queue_honours_priorities_0_to_9(any_client, make_queue):
+    q = make_queue(any_client)  # defaults: priority_steps 0..9, one level each
+    order = (5, 0, 9, 1, 5, 0, 3, 9)
+    ids = [q.publish(f"m{i}-{p}", priority=p) for i, p in enumerate(order)]
+    by_priority = [i for _, i in sorted(zip(order, ids, strict=True), key=lambda x: x[0])]
+    assert [d.id for d in _drain(q)] == by_priority  # lowest first, FIFO within a priority
+    for bad in (10, -1):
+        with pytest.raises(ConfigError, match=r"within 0\.\.9"):
+            q.publish(b"x", priority=bad)
+
+
+def test_one_step_refuses_other_priorities(any_client, make_queue):
+    q = make_queue(any_client, priority_steps=(0,))
+    with pytest.raises(ConfigError, match=r"within 0\.\.0"):
+        q.publish(b"x", priority=5)
+    assert q.stats()["ready"] == 0
 
 
 # -- validation ----------------------------------------------------------------------------
@@ -94,7 +109,7 @@ def test_bad_priority_raises_config_error_and_stores_nothing(r, make_queue, bad)
 
 def test_negative_priority_is_a_value_error_too(r, make_queue):
     q = make_queue(r)
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(ValueError, match="within 0"):
         q.publish(b"x", priority=-1)
 
 

@@ -6,13 +6,12 @@ from .errors import (
     ConfigError,
     ConnectionLost,
     CrossSlot,
-    LeaseLost,
+    DurabilityError,
     RedisTooOld,
     SchemaMismatch,
-    StaleToken,
 )
 from .keys import SCHEMA_VERSION, QueueKeys
-from .models import DeadLetter, Delivery, SweepResult
+from .models import DeadLetter, Delivery, Published, SweepResult
 from .queue import ReliableQueue
 
 __all__ = [
@@ -23,13 +22,13 @@ __all__ = [
     "CrossSlot",
     "DeadLetter",
     "Delivery",
-    "LeaseLost",
+    "DurabilityError",
+    "Published",
     "QueueConfig",
     "QueueKeys",
     "RedisTooOld",
     "ReliableQueue",
     "SchemaMismatch",
-    "StaleToken",
     "SweepResult",
 ]
 __version__ = "0.1.0"

@@ -1,17 +1,14 @@
-"""Small helpers the queue modules share: error translation, request ids, decoding."""
+"""Small helpers the queue modules share: error translation, argument checks, decoding."""
 
 from __future__ import annotations
 
 import functools
-import hashlib
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import redis
 
 from .errors import ConfigError, ConnectionLost
-from .scripts import Arg
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,19 +24,6 @@ def redis_errors(fn: F) -> F:
             raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
 
     return wrapper  # type: ignore[return-value]
-
-
-def fresh_id() -> str:
-    """A request id for a call that must not run twice but may be re-sent."""
-    return uuid.uuid4().hex
-
-
-def digest(kind: str, args: Sequence[Arg]) -> str:
-    """A request id for a settle call: the same call (a retry) gets the same id."""
-    h = hashlib.blake2b(kind.encode(), digest_size=16)
-    for a in args:
-        h.update(b"\0" + (a if isinstance(a, bytes) else str(a).encode()))
-    return h.hexdigest()
 
 
 def check_count(count: int) -> None:

@@ -2,14 +2,42 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from ._support import redis_errors as _redis_errors
 from ._support import text as _text
+from .errors import ConfigError
 from .keys import QueueKeys
 from .models import DeadLetter
 from .scripts import ScriptRunner
+
+#: The packed meta of a message (lua/includes/meta.lua).
+_META = re.compile(rb"^(\d+) (\d+) (\d+) (\d+) ([01]) (\d+) (\d+) ([^|]*)\|(.*)$", re.DOTALL)
+_PURGE_BATCH = 1000
+
+
+def parse_meta(packed: bytes | None) -> dict[str, Any] | None:
+    """The fields of a packed meta: level, deliveries, attempts, landings lost, started,
+    published ms, dead ms, token and last error; None when absent or unreadable."""
+    if packed is None:
+        return None
+    m = _META.match(packed)
+    if m is None:
+        return None
+    level, n, a, x, started, u, d, token, err = m.groups()
+    return {
+        "level": int(level),
+        "deliveries": int(n),
+        "attempts": int(a),
+        "landings_lost": int(x),
+        "started": started == b"1",
+        "published_ms": int(u),
+        "dead_ms": int(d),
+        "token": _text(token),
+        "error": _text(err),
+    }
 
 
 class QueueAdmin:
@@ -21,40 +49,72 @@ class QueueAdmin:
 
     @_redis_errors
     def stats(self) -> dict[str, int]:
-        """Sizes (ready, in_flight, leased, delayed, dead) and every counter."""
+        """Sizes and every counter.
+
+        ``ready``, ``in_flight`` (leases held, provisional ones included; also under its
+        schema-1 name ``leased``), ``landing`` (entries between BLMOVE and their lease),
+        ``delayed``, ``dead``, then the counters (``published``, ``claimed``, ``acked``...).
+        """
         r = self._scripts.run("stats")
-        names = ("ready", "in_flight", "leased", "delayed", "dead")
+        names = ("ready", "in_flight", "landing", "delayed", "dead")
         out = dict(zip(names, map(int, r[:5]), strict=True))
+        out["leased"] = out["in_flight"]
         for i in range(5, len(r), 2):
-            out[_text(r[i])] = int(r[i + 1])
+            name = _text(r[i])
+            if name != "schema":
+                out[name] = int(r[i + 1])
         return out
 
     @_redis_errors
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest ``limit`` dead letters with their reasons."""
-        ids = [_text(i) for i in self.client.lrange(self.keys.dead, 0, limit - 1)]
-        pipe = self.client.pipeline(transaction=False)
-        for i in ids:
-            pipe.hmget(self.keys.message(i), "p", "e", "n", "d")
+        ids = [_text(i) for i in self.client.zrevrange(self.keys.dead, 0, limit - 1)]
+        if not ids:
+            return []
+        metas = self.client.hmget(self.keys.meta, ids)
+        payloads = self.client.hmget(self.keys.payloads, ids)
         out = []
-        for i, (p, e, n, d) in zip(ids, pipe.execute(), strict=True):
-            out.append(DeadLetter(i, p, _text(e or b""), int(n or 0), int(d or 0)))
+        for i, packed, payload in zip(ids, metas, payloads, strict=True):
+            m = parse_meta(packed) or {}
+            out.append(
+                DeadLetter(
+                    i,
+                    payload,
+                    m.get("error", ""),
+                    m.get("deliveries", 0),
+                    m.get("dead_ms", 0),
+                    m.get("attempts", 0),
+                )
+            )
         return out
 
     @_redis_errors
     def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
-        """Put dead letters back on their ready lists (all of them, oldest first, up to
-        ``limit``, when ``ids`` is None); returns how many were replayed."""
-        return int(self._scripts.run("replay", limit, *(ids or [])))
+        """Put dead letters back on their ready lists with fresh counts: those in ``ids``,
+        or, when ``ids`` is None, the oldest ``limit``. An empty ``ids`` replays nothing.
+        Returns how many were replayed."""
+        if ids is None:
+            return int(self._scripts.run("replay", limit))
+        if isinstance(ids, (str, bytes)):
+            raise ConfigError("replay_dead(ids=...) takes a sequence of ids, not one string")
+        ids = list(ids)
+        if not ids:
+            return 0
+        return int(self._scripts.run("replay", limit, *ids))
 
     @_redis_errors
     def purge(self) -> int:
-        """Delete every waiting (ready or delayed) message; returns how many."""
-        return int(self._scripts.run("purge"))
+        """Delete every waiting (ready or delayed) message, in batches of 1,000 so no script
+        holds Redis for long; returns how many."""
+        total = 0
+        while True:
+            purged, more = (int(x) for x in self._scripts.run("purge", _PURGE_BATCH))
+            total += purged
+            if not more or not purged:
+                return total
 
     @_redis_errors
     def drop(self) -> bool:
         """Delete the queue: its waiting messages, dead letters, counters and every key of
-        its own. Refused (False, nothing deleted) while any message is claimed, since the
-        claims' tokens come from the queue's counters."""
+        its own. Refused (False, nothing deleted) while any message is claimed."""
         return bool(int(self._scripts.run("drop")))

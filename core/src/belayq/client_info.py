@@ -43,3 +43,15 @@ def server_versions(client: Any) -> list[str]:
 def version_tuple(version: str) -> tuple[int, ...]:
     """``"6.2.14"`` -> ``(6, 2, 14)``; junk parts count as 0."""
     return tuple(int(p) if p.isdigit() else 0 for p in version.split("."))
+
+
+def aof_enabled(client: Any) -> bool:
+    """Whether every server the client reaches has appendonly on."""
+    try:
+        info = client.info("persistence")
+    except redis.ResponseError:
+        return False
+    if "aof_enabled" in info:
+        return bool(int(info["aof_enabled"]))
+    nodes = [v for v in info.values() if isinstance(v, dict)]
+    return bool(nodes) and all(int(v.get("aof_enabled", 0)) for v in nodes)

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-DEFAULT_PRIORITY_STEPS: tuple[int, ...] = (0,)
+DEFAULT_PRIORITY_STEPS: tuple[int, ...] = tuple(range(10))
+"""A queue made with defaults honours priorities 0..9, each its own level, 0 served first."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class QueueConfig:
         retry_base_ms: First backoff of ``nack(delay_ms=None)``; doubles per delivery (ms).
         retry_max_ms: Cap of that backoff before jitter (ms).
         priority_steps: Priority levels, lowest number served first (kombu's convention);
-            a priority maps to the largest step not above it.
+            a priority maps to the largest step not above it; one above the last step, or
+            below 0, is refused. Default: 0..9, one level each (a queue that adopts existing
+            lists has one level per list it is given).
         starvation_floor: Opt-in share of claims (0..0.5) taken from the lowest-priority
             non-empty level, so bulk work keeps moving under sustained urgent load.
         payload_in_list: When true the ready list holds the payloads themselves (a list that
@@ -40,6 +43,21 @@ class QueueConfig:
             stock kombu worker cannot decode the entry); blocked claimers then look at the
             lower levels every ``sweep_interval_ms`` instead.
         prefix: First part of every key belayq builds.
+        claim_starts: A claim counts as a started attempt at once (a consumer that runs
+            what it claims). Set False when the consumer prefetches: it then reports each
+            start with :meth:`~belayq.ReliableQueue.start`, and a message whose holder died
+            before starting it goes back without moving toward the dead-letter set.
+        reply_window_ms: How long the reply of a publish or claim is kept, so that a call
+            redis-py re-sends after a dropped connection answers as the first did (ms).
+        wait_replicas: After each publish and settle, wait until this many replicas have
+            the write (Redis WAIT; with ``wait_aof``, WAITAOF: on their disks and the
+            primary's). 0 = do not wait (asynchronous replication: a failover may lose the
+            last writes). A wait that times out raises ``DurabilityError``.
+        wait_timeout_ms: Longest wait for the replicas (ms).
+        wait_aof: Wait for the AOF fsync too (WAITAOF, Redis 7.2+ with appendonly on).
+            None = when the server has both; True = required; False = never.
+        cluster_retry_ms: How long a script call is retried while its cluster slot is
+            migrating (TRYAGAIN, ASK, MOVED) before ``ConnectionLost`` (ms).
     """
 
     lease_ms: int = 30_000
@@ -57,6 +75,12 @@ class QueueConfig:
     ready_head: str = "right"
     bell: bool = True
     prefix: str = "belayq"
+    claim_starts: bool = True
+    reply_window_ms: int = 15_000
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1_000
+    wait_aof: bool | None = None
+    cluster_retry_ms: int = 10_000
 
     def __post_init__(self) -> None:
         _positive("lease_ms", self.lease_ms, minimum=100)
@@ -88,6 +112,15 @@ class QueueConfig:
             raise ConfigError(f"ready_head must be 'right' or 'left', got {self.ready_head!r}")
         if not isinstance(self.bell, bool):
             raise ConfigError(f"bell must be True or False, got {self.bell!r}")
+        for flag in ("claim_starts",):
+            if not isinstance(getattr(self, flag), bool):
+                raise ConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
+        if self.wait_aof not in (None, True, False):
+            raise ConfigError(f"wait_aof must be None, True or False, got {self.wait_aof!r}")
+        _positive("reply_window_ms", self.reply_window_ms, minimum=100)
+        _positive("wait_replicas", self.wait_replicas, minimum=0)
+        _positive("wait_timeout_ms", self.wait_timeout_ms)
+        _positive("cluster_retry_ms", self.cluster_retry_ms, minimum=0)
         if not self.prefix or any(c in self.prefix for c in "{}"):
             raise ConfigError(f"prefix must be non-empty and hold no braces, got {self.prefix!r}")
 

@@ -23,12 +23,9 @@ class CrossSlot(ConfigError):
     """The queue's keys would land on more than one Redis Cluster hash slot."""
 
 
-class LeaseLost(BelayqError):
-    """A blocking claim lost its message to the sweep before its lease was registered."""
-
-
-class StaleToken(BelayqError):
-    """A settle call presented a token from an expired or superseded claim."""
+class DurabilityError(BelayqError):
+    """Fewer replicas (or disks) confirmed a write than ``wait_replicas`` asks for. The write
+    itself happened on the primary; a failover before the replicas catch up may lose it."""
 
 
 class ConnectionLost(BelayqError, ConnectionError):

@@ -12,19 +12,23 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ._support import text as _text
+from .lease import KEEPER
 from .models import Delivery, SweepResult
 
 log = logging.getLogger("belayq")
 
-# Every queue object, so that a forked child gets fresh locks: a keeper thread of the
-# parent may hold one at the instant of the fork, and the child would block forever on
-# its first settle.
+# Every queue object, so that a forked child gets fresh locks (a keeper thread of the
+# parent may hold one at the instant of the fork, and the child would block forever on its
+# first settle) and holds nothing: the parent's claims are the parent's, and a child that
+# kept them would extend them after the parent died.
 FORKABLE: weakref.WeakSet[HeldClaims] = weakref.WeakSet()
 
 
 def _relock_after_fork() -> None:
     for q in list(FORKABLE):
         q._lock = threading.Lock()
+        q._held = {}
+        q._starting = set()
 
 
 os.register_at_fork(after_in_child=_relock_after_fork)
@@ -35,7 +39,9 @@ class HeldClaims:
 
     name: str
     _held: dict[str, Delivery]
+    _starting: set[str]
     _lock: threading.Lock
+    _use_keeper: bool
 
     def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
         raise NotImplementedError
@@ -51,13 +57,18 @@ class HeldClaims:
                 token=_text(flat[i + 2]),
                 deliveries=int(flat[i + 3]),
                 queue=self.name,
+                attempts=int(flat[i + 4]),
             )
-            for i in range(0, len(flat), 4)
+            for i in range(0, len(flat), 5)
         ]
         if got:
+            # Under the lock that close() takes: a claim racing close() on another thread
+            # registers the keeper again instead of leaving its claims unkept.
             with self._lock:
                 for d in got:
                     self._held[d.id] = d
+                if self._use_keeper:
+                    KEEPER.register(self)  # type: ignore[arg-type]  # a ReliableQueue
         return got
 
     def _forget(self, deliveries: Iterable[Delivery]) -> None:
@@ -67,6 +78,7 @@ class HeldClaims:
                     d.id in self._held and self._held[d.id].token == d.token
                 ):
                     del self._held[d.id]
+                    self._starting.discard(d.id)
 
     def forget(self, deliveries: Iterable[Delivery]) -> None:
         """Stop keeping the leases of claims that another process settled (a forked child
@@ -97,7 +109,8 @@ class HeldClaims:
             return list(self._held.values())
 
     def heartbeat(self) -> None:
-        """Extend every held lease and run the guarded sweep (the keeper calls this)."""
+        """Extend every held lease (reporting the starts since the last beat) and run the
+        sweep (the keeper calls this)."""
         held = self.held
         if held:
             # A claim settled while this runs is refused here without counting as stale.

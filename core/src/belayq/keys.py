@@ -4,18 +4,22 @@ An owned queue ``q`` under prefix ``belayq`` keeps every key under ``belayq:{q}:
 tag puts them all on one cluster slot. A queue may instead adopt an existing ready list that
 other programs push to (RQ's ``rq:queue:NAME``, kombu's ``celery``): its companion keys are
 then named ``{<ready key>}:...``, which hashes to the slot of the untagged ready key.
+
+Per-message state lives in per-queue hashes (``meta``, ``payloads``), never in keys of their
+own, so every script declares every key it touches (a script during a slot migration runs
+whole or fails whole), and a queue holds a fixed number of keys however many messages it has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from redis.crc import key_slot
 
 from .errors import ConfigError, CrossSlot
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _has_hash_tag(key: str) -> bool:
@@ -33,14 +37,19 @@ class QueueKeys:
     Attributes:
         levels: The ready lists, one per priority step, highest priority first. ``levels[0]``
             is the list blocking claims wait on (BLMOVE source).
-        processing: List of claimed entries.
-        leases: Sorted set id -> lease deadline (ms, server clock).
+        processing: BLMOVE's landing zone: an entry stays there only until its lease is
+            registered (claims made inside a script never land there).
+        leases: Sorted set id -> lease deadline (ms, server clock): the record of a claim.
         delayed: Sorted set id -> due time (ms, server clock).
-        dead: List of dead-lettered ids, newest first.
-        stats: Hash of counters, the token sequence and the schema version.
-        claimers: Sorted set consumer id -> liveness deadline (ms); guards staging lists.
-        sweep_guard: String set with PX so one fleet-wide sweep runs per period.
-        base: Prefix that per-message, staging and dedup keys are derived from (in Lua too).
+        dead: Sorted set id -> dead-lettered at (ms, server clock), capped.
+        meta: Hash id -> the message's state: level, deliveries, attempts, token, error...
+        payloads: Hash id -> payload bytes (for inline queues only while the entry is out of
+            its list: held, delayed or dead).
+        memo: Hash of short-lived records: replies of re-sendable calls, dedup ids.
+        memo_exp: Sorted set memo field -> expiry (ms); the scripts enforce it.
+        stats: Hash of counters and the schema version.
+        legacy_stats: Where schema 1 kept its counters and version (the same key), read
+            once at construction to refuse an old queue with the way to upgrade it.
     """
 
     levels: tuple[str, ...]
@@ -48,10 +57,11 @@ class QueueKeys:
     leases: str
     delayed: str
     dead: str
+    meta: str
+    payloads: str
+    memo: str
+    memo_exp: str
     stats: str
-    claimers: str
-    sweep_guard: str
-    base: str
 
     @classmethod
     def build(
@@ -99,10 +109,11 @@ class QueueKeys:
             leases=f"{base}leases",
             delayed=f"{base}delayed",
             dead=f"{base}dead",
+            meta=f"{base}meta",
+            payloads=f"{base}payloads",
+            memo=f"{base}memo",
+            memo_exp=f"{base}memo:exp",
             stats=f"{base}stats",
-            claimers=f"{base}claimers",
-            sweep_guard=f"{base}sweep",
-            base=base,
         )
 
     @property
@@ -110,26 +121,21 @@ class QueueKeys:
         """The level-0 ready list (the BLMOVE source)."""
         return self.levels[0]
 
-    def message(self, msg_id: str) -> str:
-        """The per-message hash of ``msg_id``."""
-        return f"{self.base}m:{msg_id}"
+    def role(self, name: str) -> tuple[str, ...]:
+        """The key(s) a script's contract block names ``name`` (``levels`` is all of them)."""
+        if name == "levels":
+            return self.levels
+        if name not in self._roles():
+            raise KeyError(f"no key role {name!r}; known: {sorted(self._roles())}")
+        return (getattr(self, name),)
 
-    def staging(self, consumer: str) -> str:
-        """The staging list a blocking claim of ``consumer`` moves into."""
-        return f"{self.base}claim:{consumer}"
+    @classmethod
+    def _roles(cls) -> set[str]:
+        return {f.name for f in fields(cls)} - {"levels"}
 
-    def all_fixed(self) -> tuple[str, ...]:
-        """Every fixed key of the queue (not the per-message ones)."""
-        return (
-            *self.levels,
-            self.processing,
-            self.leases,
-            self.delayed,
-            self.dead,
-            self.stats,
-            self.claimers,
-            self.sweep_guard,
-        )
+    def all_keys(self) -> tuple[str, ...]:
+        """Every key of the queue."""
+        return (*self.levels, *(getattr(self, r) for r in sorted(self._roles())))
 
     def check_one_slot(self) -> None:
         """Refuse a layout whose keys would cross cluster slots.
@@ -137,8 +143,7 @@ class QueueKeys:
         Raises:
             CrossSlot: Naming the keys and the slots they hash to.
         """
-        keys = (*self.all_fixed(), self.message("x"), self.staging("x"))
-        slots = {k: key_slot(k.encode()) for k in keys}
+        slots = {k: key_slot(k.encode()) for k in self.all_keys()}
         if len(set(slots.values())) > 1:
             detail = ", ".join(f"{k!r}->{s}" for k, s in slots.items())
             raise CrossSlot(
@@ -146,3 +151,15 @@ class QueueKeys:
                 f"cannot run on a cluster: {detail}. Put one hash tag in the ready key and "
                 "name the other ready lists with the same tag."
             )
+
+
+def schema1_message(keys: QueueKeys, msg_id: str) -> str:
+    """Where schema 1 kept the hash of message ``msg_id`` (read by the upgrade only)."""
+    return f"{keys.processing[: -len('processing')]}m:{msg_id}"
+
+
+def schema1_pattern(keys: QueueKeys) -> str:
+    """A SCAN pattern matching schema 1's per-message hashes and short-lived keys."""
+    base = keys.processing[: -len("processing")]
+    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in base)
+    return f"{escaped}*"

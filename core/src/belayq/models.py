@@ -16,6 +16,9 @@ class Delivery:
         token: The fencing token of this claim; settle calls must present it.
         deliveries: How many times the message has been claimed, 1 on the first claim.
         queue: The name of the queue it was claimed from.
+        attempts: How many runs of the message have started, this claim included when it
+            counts as started (``claim_starts``); runs of claims whose holder died before
+            starting them are not counted.
     """
 
     id: str
@@ -23,6 +26,24 @@ class Delivery:
     token: str
     deliveries: int
     queue: str
+    attempts: int = 0
+
+
+@dataclass(frozen=True)
+class Published:
+    """What one publish did.
+
+    Attributes:
+        id: The message id (a deduplicated publish: the first message's id).
+        stored: False when a ``dedup_id`` suppressed the message: nothing was stored.
+        state: For a deduplicated publish, where the first message is now: ``"ready"``,
+            ``"delayed"``, ``"in_flight"``, ``"dead"``, ``"gone"`` (settled or purged) or
+            ``"unknown"`` (inline queues cannot tell ready from gone); ``""`` when stored.
+    """
+
+    id: str
+    stored: bool
+    state: str
 
 
 @dataclass(frozen=True)
@@ -35,6 +56,7 @@ class DeadLetter:
         reason: Why it was dead-lettered.
         deliveries: How many times it had been claimed.
         dead_at_ms: When it was dead-lettered (ms, server clock).
+        attempts: How many of those claims had started running.
     """
 
     id: str
@@ -42,6 +64,7 @@ class DeadLetter:
     reason: str
     deliveries: int
     dead_at_ms: int
+    attempts: int = 0
 
 
 @dataclass(frozen=True)
@@ -49,12 +72,13 @@ class SweepResult:
     """What one sweep did.
 
     Attributes:
-        ran: False when another process swept within the guard period.
+        ran: Always True (kept for callers of the guarded sweep of schema 1).
         reclaimed: Expired leases put back to ready.
         dead_lettered: Messages dead-lettered because they ran out of deliveries.
         adopted: Lease-less claims (claimer died after BLMOVE) put back to ready.
         promoted: Delayed messages that became ready.
-        orphans_found: Lease-less claims given a provisional lease this time.
+        orphans_found: Entries found in the landing zone with no lease (given a provisional
+            lease this time).
     """
 
     ran: bool

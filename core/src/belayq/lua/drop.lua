@@ -1,24 +1,14 @@
 -- drop.lua: delete a queue that holds no claimed message: its waiting messages, its dead
--- letters and every key of its own (counters too). A queue with claims in flight is left
--- as it is, since their tokens come from its counters (a new sequence could fence wrong).
+-- letters and every key of its own (counters too). A queue with claims in flight or landing
+-- is left as it is.
 --
--- KEYS: the common vector (lib/common.lua).
+-- KEYS[1] processing, KEYS[2] leases, KEYS[3] delayed, KEYS[4] dead, KEYS[5] meta,
+-- KEYS[6] payloads, KEYS[7] memo, KEYS[8] memo_exp, KEYS[9] stats, KEYS[10..] levels
+-- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
--- @include common
 
-if redis.call('LLEN', processing) > 0 or redis.call('ZCARD', leases) > 0 then
+if redis.call('LLEN', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[2]) > 0 then
   return 0
 end
-for _, list in ipairs(levels) do
-  for _, entry in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    if entry ~= BELL then redis.call('DEL', mkey(id_of(entry))) end
-  end
-end
-for _, id in ipairs(redis.call('ZRANGE', delayed, 0, -1)) do
-  redis.call('DEL', mkey(id))
-end
-for _, id in ipairs(redis.call('LRANGE', dead, 0, -1)) do
-  redis.call('DEL', mkey(id))
-end
-redis.call('DEL', processing, leases, delayed, dead, stats, guard, unpack(levels))
+redis.call('DEL', unpack(KEYS))
 return 1

@@ -1,39 +1,45 @@
--- nack.lua: settle a failed claim: back to ready now, into delayed, or to the dead-letter
--- list (after max_deliveries, or at once when asked).
+-- nack.lua: settle a failed claim: back to ready now, into delayed, or to the dead-letter set
+-- (after max_deliveries runs, or at once when asked). The run counts as an attempt.
 --
--- KEYS: the common vector (lib/common.lua).
--- ARGV[6] id, ARGV[7] token
--- ARGV[8] delay_ms      0 = ready now (front of its list), > 0 = delayed that long
--- ARGV[9] reason        stored as the last error
--- ARGV[10] bury          '1' = dead-letter now whatever the delivery count
--- Returns 'ready' | 'delayed' | 'dead' | 'stale'.
--- @include common
+-- KEYS[1] leases     zset id -> lease deadline
+-- KEYS[2] delayed    zset id -> due time
+-- KEYS[3] dead       zset id -> dead at
+-- KEYS[4] meta       hash id -> state
+-- KEYS[5] payloads   hash id -> payload
+-- KEYS[6] stats      hash of counters
+-- KEYS[7..] levels   ready lists, highest priority first
+-- ARGV[1..6]         see includes/context.lua
+-- ARGV[7] id, ARGV[8] token
+-- ARGV[9]  delay_ms  0 = ready now (front of its list), > 0 = delayed that long
+-- ARGV[10] reason    kept as the last error
+-- ARGV[11] bury      '1' = dead-letter now whatever the count
+-- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token).
+-- @include context
+-- @include counters
+-- @include holds
+-- @include ready
+-- @include settle
 
-local earlier = earlier_reply()
-if earlier then return earlier[1] end
+local k = {leases = KEYS[1], delayed = KEYS[2], dead = KEYS[3], meta = KEYS[4],
+  payloads = KEYS[5], stats = KEYS[6], levels = {}}
+for i = 7, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+local id, token = ARGV[7], ARGV[8]
+local delay_ms = tonumber(ARGV[9])
+local reason = ARGV[10]
 
-local function finish(outcome)
-  remember({outcome})
-  return outcome
+local m = holds(k.meta, id, token)
+if not m then
+  if redis.call('HEXISTS', k.meta, id) == 1 then count(k.stats, 'stale_acks', 1) end
+  return 'stale'
 end
-
-local id, token = ARGV[6], ARGV[7]
-local delay_ms = tonumber(ARGV[8])
-local reason = ARGV[9]
 local now = now_ms()
-local m = mkey(id)
-if token == '0' or redis.call('HGET', m, 't') ~= token then
-  count('stale_acks', 1)
-  return finish('stale')
+count(k.stats, 'nacked', 1)
+if ARGV[11] == '1' then
+  redis.call('ZREM', k.leases, id)
+  if not m.s then m.a = m.a + 1 end
+  dead_letter(k, id, m, reason, now)
+  return 'dead'
 end
-local entry = entry_of(id)
-redis.call('LREM', processing, -1, entry)
-count('nacked', 1)
-if ARGV[10] == '1' then
-  redis.call('ZREM', leases, id)
-  dead_letter(id, reason, now)
-  return finish('dead')
-end
-local outcome = send_back(id, entry, now, delay_ms, reason, true, true)
-fix_door()
-return finish(outcome)
+local outcome = send_back(k, id, m, now, delay_ms, reason, true, true)
+fix_door(k.levels)
+return outcome

@@ -1,60 +1,81 @@
 -- publish.lua: store messages and make them ready (or delayed), in order.
 --
--- KEYS: the common vector (lib/common.lua); writes the ready lists of the messages' levels,
---   `delayed`, `stats`, the message hashes and the dedup keys.
--- ARGV[6..] one group of six per message:
---   id              chosen by the client (in inline mode the id comes from the payload)
---   payload         bytes
---   level           1-based priority level
---   delay_ms        0 = ready now; > 0 = due after that many ms (server clock)
---   dedup_id        '' = no dedup; else a publish with the same dedup id within the
---                   window returns the first message's id and stores nothing
---   dedup_window_ms
--- Returns {id1, created1, id2, created2, ...}; created is 1, or 0 when a dedup id
--- suppressed that message.
--- @include common
+-- KEYS[1] meta       hash id -> state (written for delayed messages only)
+-- KEYS[2] payloads   hash id -> payload (id mode; inline: delayed messages only)
+-- KEYS[3] leases     zset id -> deadline (read: the state of a deduplicated message)
+-- KEYS[4] delayed    zset id -> due time
+-- KEYS[5] dead       zset id -> dead at (read)
+-- KEYS[6] memo       hash: this call's reply (a re-send stores nothing), dedup ids
+-- KEYS[7] memo_exp   zset memo field -> expiry
+-- KEYS[8] stats      hash of counters
+-- KEYS[9..] levels   ready lists, highest priority first
+-- ARGV[1..6]         see includes/context.lua; ARGV[5] is the first message's id
+-- ARGV[7]  dedup_window_ms
+-- ARGV[8..] one group of five per message:
+--   id        chosen by the client (inline mode: derived from the payload)
+--   payload   bytes
+--   level     1-based priority level
+--   delay_ms  0 = ready now; > 0 = due after that many ms (server clock)
+--   dedup_id  '' = none; else a publish with the same dedup id within the window stores
+--             nothing and answers with the first message's id
+-- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
+-- state is '' when stored, else where the first message is now: 'ready', 'delayed',
+-- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
+-- @include context
+-- @include counters
+-- @include ids
+-- @include meta
+-- @include memo
+-- @include ready
 
--- A re-sent publish must not store a message twice. In id mode the message hash is the
--- proof (ids are fresh per call); inline mode keeps a short reply record instead.
-if inline then
-  local earlier = earlier_reply()
-  if earlier then return earlier end
+local k = {meta = KEYS[1], payloads = KEYS[2], leases = KEYS[3], delayed = KEYS[4],
+  dead = KEYS[5], memo = KEYS[6], memo_exp = KEYS[7], stats = KEYS[8], levels = {}}
+for i = 9, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+local dedup_window_ms = tonumber(ARGV[7])
+local now = now_ms()
+
+local earlier = earlier_reply(k.memo, k.memo_exp, now)
+if earlier then return earlier end
+
+local function state_of(id)
+  if redis.call('ZSCORE', k.leases, id) then return 'in_flight' end
+  if redis.call('ZSCORE', k.delayed, id) then return 'delayed' end
+  if redis.call('ZSCORE', k.dead, id) then return 'dead' end
+  if INLINE then return 'unknown' end
+  if redis.call('HEXISTS', k.payloads, id) == 1 then return 'ready' end
+  return 'gone'
 end
 
-local now = now_ms()
 local out = {}
-local published = 0
-for g = 6, #ARGV, 6 do
+local published, deduplicated = 0, 0
+for g = 8, #ARGV, 5 do
   local id, payload = ARGV[g], ARGV[g + 1]
-  local lvl, delay_ms = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3])
-  local dedup_id = ARGV[g + 4]
-  if inline then id = id_of(payload) end
-  local created = 1
-  if not inline and redis.call('EXISTS', mkey(id)) == 1 then
-    created = 1  -- this very call ran before (a re-send): already stored
-  elseif dedup_id ~= '' and redis.call('SET', base .. 'dedup:' .. dedup_id, id, 'NX',
-      'PX', tonumber(ARGV[g + 5])) == false then
-    id = redis.call('GET', base .. 'dedup:' .. dedup_id)
-    created = 0
-    count('deduplicated', 1)
+  local lvl, delay_ms, dedup_id = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]), ARGV[g + 4]
+  if INLINE then id = id_of(payload) end
+  local first = dedup_id ~= '' and memo_get(k.memo, k.memo_exp, 'd:' .. dedup_id, now)
+  if first then
+    out[#out + 1] = first
+    out[#out + 1] = 0
+    out[#out + 1] = state_of(first)
+    deduplicated = deduplicated + 1
   else
-    local m = mkey(id)
-    if not inline then
-      redis.call('HSET', m, 'p', payload, 'l', lvl, 'u', now)
-    elseif delay_ms > 0 then
-      redis.call('HSET', m, 'p', payload, 'l', lvl)
+    if dedup_id ~= '' then
+      memo_put(k.memo, k.memo_exp, 'd:' .. dedup_id, id, dedup_window_ms, now)
     end
+    if not INLINE or delay_ms > 0 then redis.call('HSET', k.payloads, id, payload) end
     if delay_ms > 0 then
-      redis.call('ZADD', delayed, now + delay_ms, id)
+      meta_put(k.meta, id, meta_new(lvl, now))
+      redis.call('ZADD', k.delayed, now + delay_ms, id)
     else
-      push_tail(levels[lvl], inline and payload or id)
+      push_tail(k.levels[lvl], INLINE and payload or id)
     end
     published = published + 1
+    out[#out + 1] = id
+    out[#out + 1] = 1
+    out[#out + 1] = ''
   end
-  out[#out + 1] = id
-  out[#out + 1] = created
 end
-fix_door()
-count('published', published)
-if inline then remember(out) end
-return out
+fix_door(k.levels)
+count(k.stats, 'published', published)
+count(k.stats, 'deduplicated', deduplicated)
+return remember(k.memo, k.memo_exp, out, now)

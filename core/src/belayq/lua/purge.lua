@@ -1,24 +1,55 @@
--- purge.lua: delete every waiting message (ready and delayed) with its hash. Claimed
--- messages and dead letters are not touched.
+-- purge.lua: delete up to `limit` waiting messages (ready, then delayed) with their state.
+-- Claimed messages and dead letters are not touched, nor the state of a held message whose
+-- identical entry also waits in a ready list.
 --
--- KEYS: the common vector (lib/common.lua).
--- Returns the number of messages deleted.
--- @include common
+-- KEYS[1] delayed    zset id -> due time
+-- KEYS[2] leases     zset id -> lease deadline (read)
+-- KEYS[3] dead       zset id -> dead at (read)
+-- KEYS[4] meta       hash id -> state
+-- KEYS[5] payloads   hash id -> payload
+-- KEYS[6] stats      hash of counters
+-- KEYS[7..] levels   ready lists, highest priority first
+-- ARGV[1..6]         see includes/context.lua
+-- ARGV[7] limit      most messages deleted by this call
+-- Returns {purged, more}: more is 1 when waiting messages are left (call again).
+-- @include context
+-- @include counters
+-- @include ids
+-- @include ready
 
+local delayed, leases, dead, meta, payloads, stats =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local limit = tonumber(ARGV[7])
 local purged = 0
-for _, list in ipairs(levels) do
-  for _, entry in ipairs(redis.call('LRANGE', list, 0, -1)) do
-    if entry ~= BELL then
-      purged = purged + 1
-      redis.call('DEL', mkey(id_of(entry)))
+
+local function forget(id)
+  if redis.call('ZSCORE', leases, id) or redis.call('ZSCORE', dead, id) then return end
+  redis.call('HDEL', meta, id)
+  redis.call('HDEL', payloads, id)
+end
+
+for i = 7, #KEYS do
+  local list = KEYS[i]
+  while purged < limit do
+    local batch = redis.call('LRANGE', list, 0, limit - purged - 1)
+    if #batch == 0 then break end
+    redis.call('LTRIM', list, #batch, -1)
+    for _, entry in ipairs(batch) do
+      if entry ~= BELL then
+        purged = purged + 1
+        forget(id_of(entry))
+      end
     end
   end
-  redis.call('DEL', list)
 end
-for _, id in ipairs(redis.call('ZRANGE', delayed, 0, -1)) do
-  redis.call('DEL', mkey(id))
-  purged = purged + 1
+if purged < limit then
+  for _, id in ipairs(redis.call('ZRANGE', delayed, 0, limit - purged - 1)) do
+    redis.call('ZREM', delayed, id)
+    forget(id)
+    purged = purged + 1
+  end
 end
-redis.call('DEL', delayed)
-count('purged', purged)
-return purged
+count(stats, 'purged', purged)
+local more = redis.call('ZCARD', delayed)
+for i = 7, #KEYS do more = more + redis.call('LLEN', KEYS[i]) end
+return {purged, more > 0 and 1 or 0}

@@ -1,39 +1,42 @@
--- replay.lua: move dead letters back to the back of their ready lists with a fresh
--- delivery count.
+-- replay.lua: move dead letters back to the back of their ready lists with fresh counts.
 --
--- KEYS: the common vector (lib/common.lua).
--- ARGV[6] limit         how many to replay when no ids are given (oldest first)
--- ARGV[7..] ids         the dead letters to replay; none = the oldest `limit`
--- Returns the number replayed (ids not in the dead-letter list are skipped).
--- @include common
+-- KEYS[1] dead       zset id -> dead at
+-- KEYS[2] meta       hash id -> state
+-- KEYS[3] payloads   hash id -> payload
+-- KEYS[4] stats      hash of counters
+-- KEYS[5..] levels   ready lists, highest priority first
+-- ARGV[1..6]         see includes/context.lua
+-- ARGV[7] limit      how many to replay when no ids are given (oldest first)
+-- ARGV[8..] ids      the dead letters to replay; none = the oldest `limit`
+-- Returns the number replayed (ids not in the dead-letter set are skipped).
+-- @include context
+-- @include counters
+-- @include meta
+-- @include ready
+-- @include settle
+
+local k = {dead = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4], levels = {}}
+for i = 5, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 
 local ids = {}
-if #ARGV >= 7 then
-  for i = 7, #ARGV do
-    if redis.call('LREM', dead, 1, ARGV[i]) > 0 then ids[#ids + 1] = ARGV[i] end
+if #ARGV >= 8 then
+  for i = 8, #ARGV do
+    if redis.call('ZREM', k.dead, ARGV[i]) > 0 then ids[#ids + 1] = ARGV[i] end
   end
 else
-  local limit = tonumber(ARGV[6])
-  while #ids < limit do
-    local id = redis.call('RPOP', dead)
-    if not id then break end
-    ids[#ids + 1] = id
-  end
+  local popped = redis.call('ZPOPMIN', k.dead, tonumber(ARGV[7]))
+  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
 end
 local replayed = 0
 for _, id in ipairs(ids) do
-  local m = mkey(id)
-  local entry = entry_of(id)
-  if entry then
-    redis.call('HSET', m, 'n', 0)
-    redis.call('HDEL', m, 'e', 'd', 't')
-    push_ready(id, entry, false)
-    if inline then redis.call('DEL', m) end
+  local m = meta_get(k.meta, id) or meta_new(1, 0)
+  m.n, m.a, m.x, m.d, m.e = 0, 0, 0, 0, ''
+  if (INLINE or redis.call('HEXISTS', k.payloads, id) == 1) and to_ready(k, id, m, false) then
     replayed = replayed + 1
   else
-    redis.call('DEL', m)
+    redis.call('HDEL', k.meta, id)
   end
 end
-fix_door()
-count('replayed', replayed)
+fix_door(k.levels)
+count(k.stats, 'replayed', replayed)
 return replayed

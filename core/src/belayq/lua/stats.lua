@@ -1,14 +1,17 @@
 -- stats.lua: one consistent snapshot of the queue's sizes and counters (read-only).
 --
--- KEYS: the common vector (lib/common.lua).
--- Returns {ready, in_flight, leased, delayed, dead, field1, value1, ...} where the fields
--- are the counters of the stats hash.
--- @include common
+-- KEYS[1] processing, KEYS[2] leases, KEYS[3] delayed, KEYS[4] dead, KEYS[5] stats,
+-- KEYS[6..] levels
+-- ARGV[1..6]  see includes/context.lua
+-- Returns {ready, in_flight, landing, delayed, dead, field1, value1, ...}: in_flight counts
+-- leases (provisional ones too), landing the entries between BLMOVE and their lease; the
+-- fields are the counters of the stats hash.
+-- @include ready
 
 local ready = 0
-for _, list in ipairs(levels) do ready = ready + redis.call('LLEN', list) end
-ready = ready - #redis.call('LPOS', levels[1], BELL, 'COUNT', 0)
-local out = {ready, redis.call('LLEN', processing), redis.call('ZCARD', leases),
-  redis.call('ZCARD', delayed), redis.call('LLEN', dead)}
-for _, v in ipairs(redis.call('HGETALL', stats)) do out[#out + 1] = v end
+for i = 6, #KEYS do ready = ready + redis.call('LLEN', KEYS[i]) end
+ready = ready - #redis.call('LPOS', KEYS[6], BELL, 'COUNT', 0)
+local out = {ready, redis.call('ZCARD', KEYS[2]), redis.call('LLEN', KEYS[1]),
+  redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4])}
+for _, v in ipairs(redis.call('HGETALL', KEYS[5])) do out[#out + 1] = v end
 return out

@@ -126,6 +126,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
                 self.core_client, name, ready_key=names[0], level_keys=names[1:],
                 **self._core_options,
             )
+            self.connection.forget_idle_queues()
             self.connection.queues[name] = rq
         assert isinstance(rq, ReliableQueue)
         return rq
@@ -136,7 +137,9 @@ class Channel(stock.Channel):  # type: ignore[misc]
         props = message.get("properties") or {}
         if props.get("expiration") is not None and PUBLISHED_MS not in props:
             props[PUBLISHED_MS] = int(time() * 1000)
-        priority = self._get_message_priority(message, reverse=False)
+        # kombu files a priority above the last step under the last step (Channel.priority)
+        priority = min(self._get_message_priority(message, reverse=False),
+                       self.priority_steps[-1])
         self.queue(queue).publish(dumps(message), priority=priority)
         if queue in getattr(self, "_expires", ()):  # kombu >= 5.4: queues with x-expires
             with self.conn_or_acquire() as client:
@@ -305,7 +308,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
             if no_ack:
                 settle_now.append(d)
             else:
-                self.claims.add(tag, rq, d)
+                self.claims.add(tag, rq, d, task_id=(raw.get("headers") or {}).get("id"))
             out.append((raw, tag))
         if settle_now:
             rq.ack_many(settle_now)
@@ -343,7 +346,12 @@ class Channel(stock.Channel):  # type: ignore[misc]
         for it (so auto-delete queues, such as each ``celery inspect`` reply queue, leave
         nothing behind)."""
         rq = self.queue(queue)
-        if not rq.drop():
+        if rq.drop():
+            # Nothing of it is left in Redis: nor in this process (no keeper thread, no
+            # cached queue object per `celery inspect` reply queue).
+            rq.close(release=False)
+            self.connection.queues.pop(queue, None)
+        else:
             rq.purge()
         super()._delete(queue, *args, **kwargs)
 

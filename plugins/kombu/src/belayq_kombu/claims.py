@@ -17,9 +17,11 @@ Settling never loses a message:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -88,16 +90,26 @@ class Claims:
 
     def __init__(self) -> None:
         self._claims: dict[Any, Claim] = {}
+        self._by_task: dict[str, Any] = {}  # Celery task id -> delivery tag
+        self._task_of: dict[Any, str] = {}
+        self._reported: set[Any] = set()
+        self._pid = os.getpid()
         self._lock = threading.Lock()
         self._deferred: list[Claim] = []
+        ALL_CLAIMS.add(self)
         #: Acks made on this thread are sent in one script by :meth:`flush`, which the
         #: poller calls before it reads or claims again: at the next tick of the event
         #: loop (the same loop iteration) or at the end of drain_events.
         self.defer_thread: int | None = None
 
-    def add(self, tag: Any, rq: ReliableQueue, delivery: Delivery) -> None:
+    def add(
+        self, tag: Any, rq: ReliableQueue, delivery: Delivery, task_id: Any = None
+    ) -> None:
         with self._lock:
             self._claims[tag] = (rq, delivery)
+            if isinstance(task_id, str):
+                self._by_task[task_id] = tag
+                self._task_of[tag] = task_id
 
     def get(self, tag: Any) -> Claim | None:
         with self._lock:
@@ -105,7 +117,44 @@ class Claims:
 
     def pop(self, tag: Any) -> Claim | None:
         with self._lock:
-            return self._claims.pop(tag, None)
+            claim = self._claims.pop(tag, None)
+            self._reported.discard(tag)
+            task_id = self._task_of.pop(tag, None)
+            if task_id is not None:
+                self._by_task.pop(task_id, None)
+            return claim
+
+    def report_starts(self) -> None:
+        """Tell the core which claims Celery's pool has accepted: their runs count as
+        attempts from now on. No round trip: the reports ride on the lease keeper's next
+        extend. Claims only prefetched (or held for their ETA) stay unstarted, so a worker
+        that dies holding them does not move them toward the dead-letter set."""
+        running = running_tags()
+        by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
+        with self._lock:
+            for tag in running - self._reported:
+                claim = self._claims.get(tag)
+                if claim is not None:
+                    by_queue[claim[0]].append(claim[1])
+                    self._reported.add(tag)
+        for rq, deliveries in by_queue.items():
+            rq.start(deliveries)
+
+    def start_task_now(self, task_id: str) -> None:
+        """A task starts in this very process (solo or threads pool): report it at once, so
+        a task that kills the process is counted even before the keeper's next beat."""
+        if os.getpid() != self._pid:
+            return  # a prefork child: the main process reports what its pool accepted
+        with self._lock:
+            tag = self._by_task.get(task_id)
+            claim = self._claims.get(tag) if tag is not None else None
+            if claim is None or tag in self._reported:
+                return
+            self._reported.add(tag)
+        try:
+            claim[0].start([claim[1]], now=True)
+        except ConnectionLost:
+            claim[0].start([claim[1]])
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -315,3 +364,19 @@ class _Kept:
 
 RETRY = _Retry()
 KEPT = _Kept()
+ALL_CLAIMS: weakref.WeakSet[Claims] = weakref.WeakSet()
+
+
+def _on_task_prerun(task_id: Any = None, **_: Any) -> None:
+    for claims in list(ALL_CLAIMS):
+        if isinstance(task_id, str):
+            claims.start_task_now(task_id)
+
+
+def connect_signals() -> None:
+    """Report in-process task starts (Celery's ``task_prerun`` signal, public API)."""
+    try:
+        from celery.signals import task_prerun  # type: ignore[import-untyped]
+    except ImportError:  # kombu without Celery
+        return
+    task_prerun.connect(_on_task_prerun, weak=False, dispatch_uid="belayq-task-prerun")

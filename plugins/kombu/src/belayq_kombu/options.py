@@ -165,6 +165,9 @@ def core_options(source: Any) -> dict[str, Any]:
         "starvation_floor": float(source.starvation_floor),
         "payload_in_list": True,
         "bell": source.priority_bell,
+        # A worker prefetches: its runs count as attempts once Celery's pool accepts them
+        # (Claims.report_starts), so a crash loop does not dead-letter what never started.
+        "claim_starts": False,
     }
     try:
         QueueConfig(**fields)

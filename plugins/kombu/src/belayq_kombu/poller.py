@@ -328,6 +328,8 @@ class Poller:
             return
         interval = min((c.sweep_interval for c in self._channels), default=1.0)
         self._next_sweep = now + interval
+        if self.claims is not None:
+            self.claims.report_starts()
         for channel in list(self._channels):
             try:
                 channel.sweep()

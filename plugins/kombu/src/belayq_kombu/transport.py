@@ -16,7 +16,7 @@ from belayq import __version__ as belayq_version
 
 from . import options
 from .channel import Channel
-from .claims import RETRY, Claims
+from .claims import RETRY, Claims, connect_signals
 from .poller import Poller
 from .qos import QoS
 
@@ -46,6 +46,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
         super().__init__(client, **kwargs)
         self.cycle = Poller()
         self.claims = Claims()
+        connect_signals()
         self.cycle.claims = self.claims
         interval = (client.transport_options or {}).get("polling_interval")
         self.brpop_timeout = float(interval) if interval else 1.0
@@ -60,6 +61,20 @@ class Transport(stock.Transport):  # type: ignore[misc]
             pool = redis.BlockingConnectionPool(**params)  # type: ignore[no-untyped-call]
             self._core_client = redis.Redis(connection_pool=pool)
         return self._core_client
+
+    #: Queue objects kept for publishing beyond which idle ones are forgotten (a worker
+    #: answering `celery inspect` publishes to a new reply queue for every call).
+    max_cached_queues = 256
+
+    def forget_idle_queues(self) -> None:
+        """Forget cached queue objects that hold no claim and that no channel consumes."""
+        if len(self.queues) < self.max_cached_queues:
+            return
+        consumed = {q for ch in self.cycle._channels for q in ch._active_queues}
+        for name, rq in list(self.queues.items()):
+            if name not in consumed and not rq.held:
+                rq.close(release=False)
+                del self.queues[name]
 
     def driver_version(self) -> str:
         return f"belayq {belayq_version}, redis-py {redis.__version__}"

@@ -55,8 +55,9 @@ def core_for(
     """The core queue whose ready list is RQ's own list ``ready_key``, built once per client.
 
     RQ pushes job ids to the right of its list and pops them from the left, so the core
-    claims from the left end and the list entries are the job ids themselves. The core
-    dead-letters a message only after ``max_deliveries + 1`` lost deliveries: the adapter
+    claims from the left end and the list entries are the job ids themselves. An RQ worker
+    runs what it claims, so a claim counts as a started attempt (the core's default). The
+    core dead-letters a message only after ``max_deliveries + 1`` lost attempts: the adapter
     fails the job in RQ's FailedJobRegistry when it claims it the time after the last one.
     """
     frozen = tuple(sorted(options.items()))

@@ -158,7 +158,7 @@ def _admit(
                     core.ack_on(pipe, [delivery])
                     pipe.execute()
                 return None
-            if delivery.deliveries > claim.max_deliveries:
+            if delivery.attempts > claim.max_deliveries:
                 cause = "the worker stopped renewing the lease (killed, or cut off from Redis)"
                 settle.fail_for_good(
                     job, queue, claim, settle.lost_reason(claim, cause),
@@ -170,7 +170,7 @@ def _admit(
                     pipe.execute()
             log.warning(
                 "job %s: redelivered (delivery %d of max %d) after a lost attempt",
-                job.id, delivery.deliveries, claim.max_deliveries,
+                job.id, delivery.attempts, claim.max_deliveries,
             )
     except Exception as exc:
         _hand_back(core, delivery, f"belayq_rq could not start the job: {exc!r}")

@@ -127,7 +127,7 @@ def requeue_lost(job: Job, claim: Claim, worker: Any, cause: str) -> str:
         "job %s: attempt lost (%s); redelivering (delivery %d of max %d): %s",
         job.id,
         cause.strip(),
-        claim.delivery.deliveries,
+        claim.delivery.attempts,
         claim.max_deliveries,
         outcome,
     )

@@ -162,7 +162,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             )
             return
         cause = exc_string.strip() or "the attempt was interrupted"
-        if claim.delivery.deliveries >= claim.max_deliveries:
+        if claim.delivery.attempts >= claim.max_deliveries:
             settle.fail_for_good(
                 job,
                 queue,

@@ -1,0 +1,65 @@
+-- claiming.lua: claim ready entries inside a script (no landing), and the replies of claims.
+-- @include context
+-- @include counters
+-- @include ids
+-- @include meta
+-- @include memo
+-- @include ready
+-- @include take
+
+-- Claim up to `want` ready entries with leases, appending the deliveries to `out`. Tokens
+-- are the client's random `nonce` plus a sequence number within the call, so no rollback
+-- of the server (failover, restart) can hand out a token twice. Returns how many.
+local function claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out)
+  local got, tries = 0, 0
+  while got < want and tries < want + 64 do
+    tries = tries + 1
+    local lvl = pick_level(k.levels, k.stats, floor_every)
+    if not lvl then break end
+    local entry = pop_head(k.levels[lvl])
+    if not entry then break end
+    if entry ~= BELL then
+      local d = take(k, id_of(entry), entry, lvl, now, lease_ms, nonce .. #out, starts)
+      if d then
+        for _, v in ipairs(d) do out[#out + 1] = v end
+        got = got + 1
+      end
+    end
+  end
+  return got
+end
+
+-- Claim replies are {header..., id, payload, token, deliveries, attempts, ...}; they are
+-- kept without payloads, which a re-sent call reads back (leaving out claims no longer held
+-- under that token). Nothing is kept when nothing was claimed.
+local function remember_claim(k, out, header, now)
+  if REQUEST_ID == '' or #out <= header then return out end
+  local kept = {}
+  for i = 1, header do kept[i] = out[i] end
+  for i = header + 1, #out, 5 do
+    kept[#kept + 1] = out[i]
+    kept[#kept + 1] = out[i + 2]
+    kept[#kept + 1] = out[i + 3]
+    kept[#kept + 1] = out[i + 4]
+  end
+  remember(k.memo, k.memo_exp, kept, now)
+  return out
+end
+
+local function replay_claim(k, kept, header)
+  local out = {}
+  for i = 1, header do out[i] = tonumber(kept[i]) end
+  for i = header + 1, #kept, 4 do
+    local id, token = kept[i], kept[i + 1]
+    local m = meta_get(k.meta, id)
+    local payload = redis.call('HGET', k.payloads, id)
+    if m and m.t == token and payload then
+      out[#out + 1] = id
+      out[#out + 1] = payload
+      out[#out + 1] = token
+      out[#out + 1] = tonumber(kept[i + 2])
+      out[#out + 1] = tonumber(kept[i + 3])
+    end
+  end
+  return out
+end

@@ -1,0 +1,31 @@
+-- context.lua: the arguments every belayq script takes first, and the server clock.
+--
+-- ARGV[1] skew_ms          added to the server clock; 0 except in tests that move time
+-- ARGV[2] mode             first char '1': list entries are the payloads themselves (inline
+--                          mode, id = the entry or its digest); '0': entries are ids. Flags
+--                          after it: 'L' the head of the ready lists (claimed next) is their
+--                          LEFT end, as RQ's (producers RPUSH), else their RIGHT end, as
+--                          kombu's (producers LPUSH); 'N' never ring the bell
+-- ARGV[3] max_deliveries   runs (started attempts) after which a failure is dead-lettered
+-- ARGV[4] dead_max         cap of the dead-letter set
+-- ARGV[5] request_id       '' or the id of a call whose re-send must answer as the first did
+-- ARGV[6] reply_window_ms  how long that reply is kept
+-- Script-specific arguments start at ARGV[7].
+
+local SKEW_MS = tonumber(ARGV[1])
+local INLINE = string.sub(ARGV[2], 1, 1) == '1'
+local HEAD_LEFT = string.find(ARGV[2], 'L', 2, true) ~= nil
+local BELL_ON = string.find(ARGV[2], 'N', 2, true) == nil
+local MAX_DELIVERIES = tonumber(ARGV[3])
+local DEAD_MAX = tonumber(ARGV[4])
+local REQUEST_ID = ARGV[5]
+local REPLY_WINDOW_MS = tonumber(ARGV[6])
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + SKEW_MS
+end
+
+local function int(n)
+  return string.format('%d', n)
+end

@@ -1,0 +1,30 @@
+-- meta.lua: a message's state, one field of the queue's meta hash, packed as
+--   '<level> <deliveries> <attempts> <landings lost> <started> <published ms> <dead ms>
+--    <token>|<last error>'
+-- level is 1-based; deliveries counts claims, attempts counts started runs (a claim counts
+-- as started at once unless the consumer prefetches and reports starts itself); landings
+-- lost counts BLMOVE-d entries whose claimer vanished before the lease; started says the
+-- current claim was started; token is '' (not held), '0' (a provisional lease of the sweep,
+-- which no settle accepts) or the current claim's fencing token.
+-- A fresh message waiting in a ready list needs no meta: it is created on its first claim.
+-- @include context
+
+local META = '^(%d+) (%d+) (%d+) (%d+) ([01]) (%d+) (%d+) ([^|]*)|(.*)$'
+
+local function meta_new(level, now)
+  return {l = level, n = 0, a = 0, x = 0, s = false, u = now, d = 0, t = '', e = ''}
+end
+
+local function meta_get(meta, id)
+  local packed = redis.call('HGET', meta, id)
+  if not packed then return nil end
+  local l, n, a, x, s, u, d, t, e = string.match(packed, META)
+  if not l then return nil end
+  return {l = tonumber(l), n = tonumber(n), a = tonumber(a), x = tonumber(x), s = s == '1',
+    u = tonumber(u), d = tonumber(d), t = t, e = e}
+end
+
+local function meta_put(meta, id, m)
+  redis.call('HSET', meta, id, string.format('%d %d %d %d %s %d %d %s|%s', m.l, m.n, m.a, m.x,
+    m.s and '1' or '0', m.u, m.d, m.t, m.e))
+end

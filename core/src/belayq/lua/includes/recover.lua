@@ -1,0 +1,94 @@
+-- recover.lua: the bounded recovery steps that every claim and every sweep runs.
+-- `k` holds processing, leases, delayed, dead, meta, payloads, stats and levels.
+-- @include context
+-- @include counters
+-- @include ids
+-- @include meta
+-- @include ready
+-- @include settle
+
+-- Return up to `limit` expired leases. A claim that had started counts a run (and is
+-- dead-lettered after max_deliveries); one that never started goes back uncounted. A
+-- provisional lease (token '0': an entry BLMOVE-d by a claimer that vanished before its
+-- lease) puts the entry back from the landing zone and counts a lost landing, so an entry
+-- that kills every consumer that receives it is dead-lettered too.
+-- Returns reclaimed, dead-lettered, adopted.
+local function sweep_expired(k, now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', k.leases, '-inf', now, 'LIMIT', 0, limit)
+  local reclaimed, died, adopted = 0, 0, 0
+  for _, id in ipairs(ids) do
+    local m = meta_get(k.meta, id)
+    if not m then
+      redis.call('ZREM', k.leases, id)
+      dead_letter(k, id, meta_new(1, 0), 'message state missing for a leased id', now)
+      died = died + 1
+    elseif m.t == '0' then
+      redis.call('ZREM', k.leases, id)
+      local entry = INLINE and redis.call('HGET', k.payloads, id) or id
+      if entry then redis.call('LREM', k.processing, -1, entry) end
+      m.x = m.x + 1
+      if m.x >= MAX_DELIVERIES then
+        dead_letter(k, id, m, 'its consumers vanished between receiving it and leasing it ' ..
+          m.x .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')', now)
+        died = died + 1
+      elseif to_ready(k, id, m, true) then
+        adopted = adopted + 1
+      end
+    elseif send_back(k, id, m, now, 0, 'lease expired', true, false) == 'dead' then
+      died = died + 1
+    else
+      reclaimed = reclaimed + 1
+    end
+  end
+  count(k.stats, 'reclaimed', reclaimed)
+  count(k.stats, 'adopted', adopted)
+  return reclaimed, died, adopted
+end
+
+-- Give up to `limit` entries that sit in the landing zone with no lease (their claimer may
+-- have died between BLMOVE and its lease) a provisional lease of `grace_ms`; the claimer's
+-- own lease script takes it over if it arrives in time. Returns how many were found.
+local function adopt_landing(k, now, limit, grace_ms)
+  if redis.call('LLEN', k.processing) == 0 then return 0 end
+  local found = 0
+  for _, entry in ipairs(redis.call('LRANGE', k.processing, -limit, -1)) do
+    if entry == BELL then
+      redis.call('LREM', k.processing, 0, BELL)
+    else
+      local id = id_of(entry)
+      if not redis.call('ZSCORE', k.leases, id) then
+        local m = meta_get(k.meta, id) or meta_new(1, 0)
+        m.t, m.s = '0', false
+        meta_put(k.meta, id, m)
+        if INLINE then redis.call('HSET', k.payloads, id, entry) end
+        redis.call('ZADD', k.leases, now + grace_ms, id)
+        found = found + 1
+      end
+    end
+  end
+  count(k.stats, 'orphans_found', found)
+  return found
+end
+
+-- Move up to `limit` due delayed messages to the back of their ready lists.
+local function promote_due(k, now, limit)
+  local ids = redis.call('ZRANGEBYSCORE', k.delayed, '-inf', now, 'LIMIT', 0, limit)
+  local promoted = 0
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', k.delayed, id)
+    if to_ready(k, id, meta_get(k.meta, id) or meta_new(1, 0), false) then
+      promoted = promoted + 1
+    end
+  end
+  count(k.stats, 'promoted', promoted)
+  return promoted
+end
+
+-- Milliseconds until the next delayed message is due, or -1 when none is delayed.
+local function next_due_in(k, now)
+  local first = redis.call('ZRANGE', k.delayed, 0, 0, 'WITHSCORES')
+  if #first == 0 then return -1 end
+  local wait = tonumber(first[2]) - now
+  if wait < 0 then return 0 end
+  return math.floor(wait)
+end

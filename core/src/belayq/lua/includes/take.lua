@@ -1,0 +1,38 @@
+-- take.lua: register the lease of an entry taken off a ready list or out of the landing zone.
+-- @include context
+-- @include counters
+-- @include meta
+-- @include settle
+
+-- Lease entry `entry` (message `id`, from level `lvl`) to the claim `token` until
+-- now + lease_ms; `starts`: the claim counts as a started attempt at once. Returns the
+-- delivery {id, payload, token, deliveries, attempts}, or nil when there is nothing to
+-- deliver: an identical entry is already held (the list held it twice: this copy is
+-- dropped), or an id whose payload is gone (dead-lettered).
+local function take(k, id, entry, lvl, now, lease_ms, token, starts)
+  local m = meta_get(k.meta, id)
+  if m and m.t ~= '' and m.t ~= '0' then
+    count(k.stats, 'duplicates_dropped', 1)
+    return nil
+  end
+  m = m or meta_new(lvl, 0)
+  m.l = lvl
+  local payload = entry
+  if INLINE then
+    redis.call('HSET', k.payloads, id, entry)
+  else
+    payload = redis.call('HGET', k.payloads, id)
+    if not payload then
+      redis.call('ZREM', k.leases, id)
+      dead_letter(k, id, m, 'payload missing for id', now)
+      count(k.stats, 'malformed', 1)
+      return nil
+    end
+  end
+  m.n, m.t, m.s = m.n + 1, token, starts
+  if starts then m.a = m.a + 1 end
+  meta_put(k.meta, id, m)
+  redis.call('ZADD', k.leases, now + lease_ms, id)
+  count(k.stats, 'claimed', 1)
+  return {id, payload, token, m.n, m.a}
+end
