@@ -47,9 +47,8 @@ class QueueKeys:
             its list: held, delayed or dead).
         memo: Hash of short-lived records: replies of re-sendable calls, dedup ids.
         memo_exp: Sorted set memo field -> expiry (ms); the scripts enforce it.
-        stats: Hash of counters and the schema version.
-        legacy_stats: Where schema 1 kept its counters and version (the same key), read
-            once at construction to refuse an old queue with the way to upgrade it.
+        stats: Hash of counters and the schema version (schema 1 used the same key, so
+            an old queue is recognised at construction).
     """
 
     levels: tuple[str, ...]
@@ -158,8 +157,8 @@ def schema1_message(keys: QueueKeys, msg_id: str) -> str:
     return f"{keys.processing[: -len('processing')]}m:{msg_id}"
 
 
-def schema1_pattern(keys: QueueKeys) -> str:
-    """A SCAN pattern matching schema 1's per-message hashes and short-lived keys."""
+def schema1_glob(keys: QueueKeys) -> str:
+    """The queue's key base as a SCAN pattern prefix (glob characters escaped), for the
+    upgrade from schema 1 only."""
     base = keys.processing[: -len("processing")]
-    escaped = "".join("\\" + c if c in "*?[]\\" else c for c in base)
-    return f"{escaped}*"
+    return "".join("\\" + c if c in "*?[]\\" else c for c in base)
