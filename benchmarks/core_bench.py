@@ -346,23 +346,12 @@ def used_memory(r: redis.Redis) -> int:
 
 
 def drop_transient(r: redis.Redis, q: ReliableQueue) -> tuple[int, float]:
-    """Delete the queue's keys that carry a TTL (e.g. per-request reply records, which
-    expire on their own) and return how many there were and their longest TTL (s)."""
-    base = q.keys.base
-    fixed = set(q.keys.all_fixed())
-    pattern = "".join("\\" + c if c in "*?[]\\" else c for c in base) + "*"
-    keys = [
-        k for k in r.scan_iter(match=pattern, count=1000)
-        if k.decode() not in fixed and not k.decode().startswith(base + "m:")
-    ]
-    pipe = r.pipeline(transaction=False)
-    for key in keys:
-        pipe.pttl(key)
-    ttls = pipe.execute()
-    doomed = [k for k, t in zip(keys, ttls, strict=True) if int(t) > 0]
-    for i in range(0, len(doomed), 1000):
-        r.delete(*doomed[i : i + 1000])
-    return len(doomed), max((int(t) for t in ttls if int(t) > 0), default=0) / 1000
+    """Delete the queue's short-lived memo records (replies kept for re-sent publish and
+    claim calls, which the scripts drop after ``reply_window_ms``) and return how many there
+    were and that window (s)."""
+    count = int(r.hlen(q.keys.memo))
+    r.delete(q.keys.memo, q.keys.memo_exp)
+    return count, q.config.reply_window_ms / 1000
 
 
 def run_memory(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, float]:
@@ -384,7 +373,7 @@ def run_memory(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, float
     k = q.keys
     one = r.lindex(k.ready, 0)
     _need(one is not None, "memory: nothing queued")
-    out["bq_hash_queued"] = float(r.memory_usage(k.message(one.decode())) or 0)
+    out["bq_payloads_queued"] = float(r.memory_usage(k.payloads, samples=0) or 0) / n
     out["bq_ready_list"] = float(r.memory_usage(k.ready, samples=0) or 0) / n
     n_tr, ttl = drop_transient(r, q)
     m1s = used_memory(r)
@@ -396,7 +385,7 @@ def run_memory(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, float
         _need(bool(got), "memory: claim got nothing")
         claimed += len(got)
     m2 = used_memory(r)
-    out["bq_hash_inflight"] = float(r.memory_usage(k.message(one.decode())) or 0)
+    out["bq_meta_inflight"] = float(r.memory_usage(k.meta, samples=0) or 0) / n
     out["bq_processing_list"] = float(r.memory_usage(k.processing, samples=0) or 0) / n
     out["bq_leases_zset"] = float(r.memory_usage(k.leases, samples=0) or 0) / n
     n_tr, ttl = drop_transient(r, q)
@@ -798,16 +787,16 @@ def report(res: dict[str, Any]) -> str:
         return f"{med([x[key] for x in mem]):.0f}"
 
     out.append(
-        f"MEMORY USAGE breakdown (B): one message hash {m('bq_hash_queued')} queued / "
-        f"{m('bq_hash_inflight')} claimed; per message: ready list {m('bq_ready_list')}, "
-        f"processing list {m('bq_processing_list')}, leases zset {m('bq_leases_zset')}; "
-        f"raw list {m('raw_list')}. used_memory also counts the keyspace dict "
-        "(a bucket table per key, grown in powers of 2), so the deltas exceed the sum."
+        f"MEMORY USAGE breakdown (B per message): payloads hash {m('bq_payloads_queued')}, "
+        f"ready list {m('bq_ready_list')}; claimed: meta hash {m('bq_meta_inflight')}, "
+        f"leases zset {m('bq_leases_zset')}, landing list {m('bq_processing_list')}; "
+        f"raw list {m('raw_list')}. used_memory also counts allocator slack and hash "
+        "tables grown in powers of 2, so the deltas differ from the sum."
     )
     tr_pub = med([x.get("bq_transient_after_publish", 0.0) for x in mem])
     tr_claim = med([x.get("bq_transient_after_claim", 0.0) for x in mem])
     out.append(
-        f"Keys with a TTL left per message: {tr_pub:.2f} after publish_many({b}), "
+        f"Memo records (re-send replies) per message: {tr_pub:.2f} after publish_many({b}), "
         f"{tr_claim:.3f} after claim(count={b}) (longest TTL "
         f"{med([x.get('bq_transient_ttl_s', 0.0) for x in mem]):.0f} s); 'right after' "
         "includes them, 'steady' is measured after deleting them. Under a sustained "

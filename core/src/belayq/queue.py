@@ -253,6 +253,8 @@ class ReliableQueue(HeldClaims, QueueAdmin):
     # -- consuming -------------------------------------------------------------------
 
     def _claim_args(self, count: int) -> list[Arg]:
+        """The claim scripts' arguments; the random nonce (ARGV[11]) is also the call's
+        request id."""
         c = self.config
         return [
             c.lease_ms,
@@ -303,7 +305,8 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         """
         _check_count(count)
         self._keep()
-        reply = self._scripts.run("claim", *self._claim_args(count), request_id=_fresh())
+        args = self._claim_args(count)
+        reply = self._scripts.run("claim", *args, request_id=str(args[4]))
         return self._take(reply[1:]), int(reply[0])
 
     def blmove_command(self, timeout: float) -> tuple[str | float, ...]:
@@ -333,9 +336,8 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         """
         _check_count(count)
         self._keep()
-        reply = self._scripts.run(
-            "lease", *self._claim_args(count), entry, request_id=_fresh()
-        )
+        args = self._claim_args(count)
+        reply = self._scripts.run("lease", *args, entry, request_id=str(args[4]))
         return self._take(reply[2:]), int(reply[0])
 
     def _keep(self) -> None:
@@ -381,10 +383,11 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         if self._durable:
             return self.ack_many(deliveries), self.try_claim(count)[0]
         self._keep()
+        args = self._claim_args(count)
         with self._settling(deliveries):
             acked, claimed = self._scripts.run_many(
                 ("ack", self._pairs(deliveries), ""),
-                ("claim", self._claim_args(count), _fresh()),
+                ("claim", args, str(args[4])),
             )
         return [bool(int(x)) for x in acked], self._take(claimed[1:])
 
@@ -504,8 +507,4 @@ class ReliableQueue(HeldClaims, QueueAdmin):
 
     def __repr__(self) -> str:
         return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"
-
-
-def _fresh() -> str:
-    return uuid.uuid4().hex
 

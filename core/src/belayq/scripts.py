@@ -144,14 +144,18 @@ class ScriptRunner:
             c.reply_window_ms,
         ]
 
+    def _argv(self, name: str, args: Sequence[Arg], request_id: str) -> list[Arg]:
+        keys = self.vectors[name]
+        c = self.config
+        return [
+            sha(name), len(keys), *keys, self.skew_ms, self._mode, c.max_deliveries,
+            c.dead_letter_max, request_id, c.reply_window_ms, *args,
+        ]
+
     def load_all(self) -> None:
         """Load every script into the server's cache (on every primary of a cluster)."""
         for name in SCRIPT_NAMES:
             self.client.script_load(source(name))
-
-    def _argv(self, name: str, args: Sequence[Arg], request_id: str) -> list[Arg]:
-        keys = self.vectors[name]
-        return [sha(name), len(keys), *keys, *self.common_args(request_id), *args]
 
     def run(self, name: str, *args: Arg, request_id: str = "", durable: bool = False) -> Any:
         """Run script ``name`` with the queue's keys.

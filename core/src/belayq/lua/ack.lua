@@ -8,7 +8,8 @@
 -- ARGV[7..]         pairs of (id, token), one per claim to ack
 -- Returns one integer per pair: 1 acked (or already gone: a re-sent ack whose first run
 -- settled it), 0 refused: another claim holds the message, or it is waiting or dead again
--- (counted in stats.stale_acks; nothing changes).
+-- (counted in stats.stale_acks; nothing changes). An inline message that waits again with
+-- nothing to remember (released) cannot be told from a gone one: 1.
 -- @include context
 -- @include counters
 -- @include holds
@@ -24,7 +25,7 @@ for i = 7, #ARGV, 2 do
     redis.call('HDEL', payloads, id)
     acked = acked + 1
     out[#out + 1] = 1
-  elseif redis.call('HEXISTS', meta, id) == 1 then
+  elseif redis.call('HEXISTS', meta, id) == 1 or redis.call('HEXISTS', payloads, id) == 1 then
     stale = stale + 1
     out[#out + 1] = 0
   else

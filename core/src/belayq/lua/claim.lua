@@ -44,9 +44,8 @@ if earlier then return replay_claim(k, earlier, 1) end
 
 sweep_expired(k, now, sweep_limit)
 adopt_landing(k, now, sweep_limit, lease_ms)
-promote_due(k, now, sweep_limit)
-local out = {0}
+local _, next_due = promote_due(k, now, sweep_limit)
+local out = {next_due}
 claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out)
 fix_door(k.levels)
-out[1] = next_due_in(k, now)
 return remember_claim(k, out, 1, now)

@@ -48,5 +48,5 @@ else
 end
 if want > 0 then claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out) end
 fix_door(k.levels)
-out[1] = next_due_in(k, now)
+out[1] = select(2, promote_due(k, now, 0))
 return remember_claim(k, out, 2, now)

@@ -1,7 +1,7 @@
 -- memo.lua: short-lived records in the queue's memo hash (replies of re-sendable calls, dedup
--- ids), each with an expiry in the memo_exp zset. Every write first drops a few expired
--- records, so the hash holds about what was written within one window; nothing is written
--- by a call that changed nothing.
+-- ids), each with an expiry in the memo_exp zset. Writes drop expired records as they go
+-- (and every sweep does), so the hash holds about what was written within one window;
+-- nothing is written by a call that changed nothing.
 -- @include context
 
 local function memo_get(memo, memo_exp, field, now)
@@ -21,8 +21,10 @@ local function memo_trim(memo, memo_exp, now, limit)
   return #old
 end
 
+-- One write in four (by the field's last byte: request ids and dedup ids vary there) drops
+-- up to 8 expired records: on average more than each write adds, at a quarter of the calls.
 local function memo_put(memo, memo_exp, field, value, ttl_ms, now)
-  memo_trim(memo, memo_exp, now, 2)
+  if string.byte(field, -1) % 4 == 0 then memo_trim(memo, memo_exp, now, 8) end
   redis.call('HSET', memo, field, value)
   redis.call('ZADD', memo_exp, now + ttl_ms, field)
 end

@@ -70,25 +70,23 @@ local function adopt_landing(k, now, limit, grace_ms)
   return found
 end
 
--- Move up to `limit` due delayed messages to the back of their ready lists.
+-- Move up to `limit` due delayed messages to the back of their ready lists. Returns how
+-- many, and the ms until the next delayed message is due afterwards (-1: none is delayed).
 local function promote_due(k, now, limit)
-  local ids = redis.call('ZRANGEBYSCORE', k.delayed, '-inf', now, 'LIMIT', 0, limit)
-  local promoted = 0
-  for _, id in ipairs(ids) do
-    redis.call('ZREM', k.delayed, id)
-    if to_ready(k, id, meta_get(k.meta, id) or meta_new(1, 0), false) then
-      promoted = promoted + 1
-    end
-  end
-  count(k.stats, 'promoted', promoted)
-  return promoted
-end
-
--- Milliseconds until the next delayed message is due, or -1 when none is delayed.
-local function next_due_in(k, now)
   local first = redis.call('ZRANGE', k.delayed, 0, 0, 'WITHSCORES')
-  if #first == 0 then return -1 end
-  local wait = tonumber(first[2]) - now
-  if wait < 0 then return 0 end
-  return math.floor(wait)
+  if #first == 0 then return 0, -1 end
+  local promoted = 0
+  if tonumber(first[2]) <= now then
+    local ids = redis.call('ZRANGEBYSCORE', k.delayed, '-inf', now, 'LIMIT', 0, limit)
+    for _, id in ipairs(ids) do
+      redis.call('ZREM', k.delayed, id)
+      if to_ready(k, id, meta_get(k.meta, id) or meta_new(1, 0), false) then
+        promoted = promoted + 1
+      end
+    end
+    count(k.stats, 'promoted', promoted)
+    first = redis.call('ZRANGE', k.delayed, 0, 0, 'WITHSCORES')
+    if #first == 0 then return promoted, -1 end
+  end
+  return promoted, math.max(0, math.floor(tonumber(first[2]) - now))
 end

@@ -15,6 +15,13 @@ local function take(k, id, entry, lvl, now, lease_ms, token, starts)
     count(k.stats, 'duplicates_dropped', 1)
     return nil
   end
+  if m and m.d > 0 and redis.call('ZSCORE', k.dead, id) then
+    -- An inline entry pushed again while its identical copy is dead: it is resubmitted, as
+    -- replay_dead would do, and its dead letter goes (one id cannot be in two states).
+    redis.call('ZREM', k.dead, id)
+    m = nil
+    count(k.stats, 'resubmitted', 1)
+  end
   m = m or meta_new(lvl, 0)
   m.l = lvl
   local payload = entry
