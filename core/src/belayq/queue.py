@@ -447,7 +447,8 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         for d in deliveries:
             args += [d.id, d.token, "1" if d.id in starting else "0"]
         reply = self._scripts.run(
-            "extend", self.config.lease_ms, "1" if count_stale else "0", *args
+            "extend", self.config.lease_ms, "1" if count_stale else "0", *args,
+            durable=self._durable,
         )
         with self._lock:
             self._starting.difference_update(d.id for d in deliveries)

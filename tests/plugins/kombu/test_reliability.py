@@ -98,7 +98,8 @@ def test_kill9_of_a_consumer_holding_messages(url: str, port: int, kq: str) -> N
 
 def test_kill9_between_the_blocking_claim_and_its_lease(url: str, port: int, kq: str) -> None:
     # The child dies the moment the claim's reply is readable: the entry has left the
-    # ready list and sits in processing with no lease yet. The sweep must bring it back.
+    # ready list and sits in the landing zone with no lease yet. The sweep must bring it
+    # back.
     patch = textwrap.dedent("""
         import os
         _send = poller.Waiter.send
@@ -117,7 +118,7 @@ def test_kill9_between_the_blocking_claim_and_its_lease(url: str, port: int, kq:
         assert child.returncode == -signal.SIGKILL
         died = time.monotonic()
         s = stats(port, kq)
-        assert (s["ready"], s["in_flight"], s["leased"]) == (0, 1, 0)  # in the gap
+        assert (s["ready"], s["landing"], s["in_flight"]) == (0, 1, 0)  # in the gap
         with kombu.Connection(url, transport_options=LEASE) as conn:
             got = drain(conn, [q], 1, timeout=15, prefetch_count=1)
         back = time.monotonic() - died

@@ -8,7 +8,7 @@
 --
 -- KEYS: as claim.lua.
 -- ARGV[1..6]          see includes/context.lua
--- ARGV[7..12]         as claim.lua (ARGV[10] sweep_limit is not used)
+-- ARGV[7..12]         as claim.lua
 -- ARGV[13] entry      the element BLMOVE returned
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, attempts1, ...}; lost is
 -- 1 when the BLMOVE-d entry could not be leased (swept back, or a copy already in flight).
@@ -23,6 +23,7 @@ for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 local lease_ms = tonumber(ARGV[7])
 local want = tonumber(ARGV[8])
 local floor_every = tonumber(ARGV[9])
+local sweep_limit = tonumber(ARGV[10])
 local nonce = ARGV[11]
 local starts = ARGV[12] == '1'
 local entry = ARGV[13]
@@ -31,6 +32,8 @@ local now = now_ms()
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return replay_claim(k, earlier, 2) end
 
+-- The entry is taken first (it may be the oldest landing entry), then the bounded
+-- recovery runs as in claim.lua.
 local out = {0, 0}
 if entry == BELL then
   redis.call('LREM', k.processing, 1, BELL)
@@ -46,7 +49,10 @@ else
     out[2] = 1
   end
 end
+sweep_expired(k, now, sweep_limit)
+adopt_landing(k, now, sweep_limit, lease_ms)
+local _, next_due = promote_due(k, now, sweep_limit)
 if want > 0 then claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out) end
 fix_door(k.levels)
-out[1] = select(2, promote_due(k, now, 0))
+out[1] = next_due
 return remember_claim(k, out, 2, now)

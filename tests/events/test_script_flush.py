@@ -1,0 +1,336 @@
+"""``SCRIPT FLUSH`` (or a restart that empties the script cache) between a claim and its
+settlement must not change the outcome: the core reloads its scripts, and the adapters'
+settle paths (RQ's finishing transaction, Celery's acks) still ack.
+
+Each test starts its own redis-server (the flush empties the whole server's cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import rq
+from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry
+
+import belayq_rq
+from belayq import ReliableQueue
+from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
+from belayq.lease import KEEPER
+from tests.conftest import unavailable
+from tests.events import rq_jobs
+
+ROOT = Path(__file__).resolve().parents[2]
+RQ_BIN = Path(sys.executable).with_name("rq")
+STEPS = (0, 3, 6, 9)
+
+
+# -- servers, processes, polling -----------------------------------------------------------
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    """A redis-server of this test only."""
+    try:
+        binary = system_redis_server() or redis_server_binary()
+    except Exception as exc:
+        unavailable(f"no redis-server: {exc}")
+    with RedisServer(binary) as srv:
+        yield srv
+    KEEPER.stop_all()
+
+
+@pytest.fixture
+def conn(server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port)
+    yield client
+    client.close()
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(step)
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    )
+    for name in ("RQ_QUEUE_CLASS", "RQ_WORKER_CLASS"):
+        env.pop(name, None)
+    env.update(extra)
+    return env
+
+
+class Proc:
+    """A worker subprocess in its own session, its output in a log file."""
+
+    def __init__(self, cmd: list[str], log: Path, env: dict[str, str]) -> None:
+        self.log = log
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    started: list[Proc] = []
+
+    def start(cmd: list[str], env: dict[str, str]) -> Proc:
+        p = Proc(cmd, tmp_path / f"proc-{len(started)}.log", env)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+        if os.environ.get("BQ_SHOW_LOGS"):
+            print(f"--- {p.log}\n{p.text()[-6000:]}")
+
+
+# -- (c1) the core ---------------------------------------------------------------------------
+
+
+def _claimed(conn: redis.Redis, n: int = 1) -> tuple[ReliableQueue, list[Any]]:
+    q = ReliableQueue(conn, f"flush-{uuid.uuid4().hex[:8]}", keeper=False, lease_ms=5_000)
+    for i in range(n + 1):
+        q.publish(f"m{i}".encode())
+    got = q.claim(timeout=1.0, count=n)
+    assert len(got) == n
+    return q, got
+
+
+def test_core_ack_after_script_flush(conn: redis.Redis) -> None:
+    q, [d] = _claimed(conn)
+    conn.script_flush()
+    assert q.ack(d) is True
+    s = q.stats()
+    assert (s["in_flight"], s["acked"], s["ready"]) == (0, 1, 1), s
+    [nxt] = q.claim(timeout=1.0)  # the claim path after a flush too
+    conn.script_flush()
+    assert q.ack_many([nxt]) == [True]
+    assert q.stats()["in_flight"] == 0
+
+
+def test_core_nack_after_script_flush(conn: redis.Redis) -> None:
+    q, [d] = _claimed(conn)
+    conn.script_flush()
+    assert q.nack(d, delay_ms=0, reason="flushed") == "ready"
+    s = q.stats()
+    assert (s["in_flight"], s["ready"]) == (0, 2), s
+
+
+def test_core_dead_letter_after_script_flush(conn: redis.Redis) -> None:
+    q, [d] = _claimed(conn)
+    conn.script_flush()
+    assert q.dead_letter(d, "flushed") is True
+    [dead] = q.dead_letters()
+    assert dead.id == d.id and dead.reason.startswith("flushed")
+
+
+def test_core_extend_after_script_flush(conn: redis.Redis) -> None:
+    q, ds = _claimed(conn, 2)
+    conn.script_flush()
+    assert q.extend(ds) == [True, True]
+    conn.script_flush()
+    assert q.ack_many(ds) == [True, True]
+
+
+def test_core_release_after_script_flush(conn: redis.Redis) -> None:
+    q, ds = _claimed(conn, 2)
+    conn.script_flush()
+    assert q.release(ds) == 2
+    s = q.stats()
+    assert (s["in_flight"], s["ready"]) == (0, 3), s
+
+
+def test_core_ack_and_claim_after_script_flush(conn: redis.Redis) -> None:
+    q, [d] = _claimed(conn)
+    conn.script_flush()
+    acked, more = q.ack_and_claim([d], 1)
+    assert acked == [True] and len(more) == 1
+    assert q.ack(more[0]) is True
+
+
+def test_core_ack_on_the_callers_transaction_after_script_flush(conn: redis.Redis) -> None:
+    """The RQ path: the ack is an EVALSHA queued in the caller's MULTI/EXEC. After a flush
+    the transaction must still commit everything, the ack included."""
+    q, [d] = _claimed(conn)
+    key = f"x-{uuid.uuid4().hex[:6]}"
+    conn.script_flush()
+    with conn.pipeline() as p:
+        q.ack_on(p, [d])
+        p.set(key, 1)
+        replies = p.execute()
+    assert conn.get(key) == b"1"
+    assert [int(x) for x in replies[0]] == [1], replies
+    s = q.stats()
+    assert (s["in_flight"], s["acked"]) == (0, 1), s
+
+
+def test_core_ack_on_a_plain_pipeline_after_script_flush(conn: redis.Redis) -> None:
+    q, [d] = _claimed(conn)
+    conn.script_flush()
+    with conn.pipeline(transaction=False) as p:
+        q.ack_on(p, [d])
+        p.ping()
+        p.execute()
+    assert q.stats()["in_flight"] == 0
+
+
+# -- (c2) RQ -------------------------------------------------------------------------------
+
+
+def _rq_worker(procs: Callable[..., Proc], server: RedisServer, worker_class: str) -> Proc:
+    cmd = [str(RQ_BIN), "worker", "-u", server.url, "-w", worker_class, "--logging_level",
+           "INFO", "q1"]
+    return procs(cmd, child_env())
+
+
+def _runs(conn: redis.Redis, job_id: str) -> list[str]:
+    return [x.decode().split(":")[0] for x in conn.lrange(f"runs:{job_id}", 0, -1)]
+
+
+def _callbacks(conn: redis.Redis, job_id: str) -> list[str]:
+    return [x.decode() for x in conn.lrange(f"callbacks:{job_id}", 0, -1)]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("worker_class", ["belayq_rq.Worker", "belayq_rq.SimpleWorker"],
+                         ids=["Worker", "SimpleWorker"])
+def test_rq_job_that_flushes_the_script_cache_finishes(
+    conn: redis.Redis, server: RedisServer, procs: Callable[..., Proc], worker_class: str
+) -> None:
+    w = _rq_worker(procs, server, worker_class)
+    q = rq.Queue("q1", connection=conn)
+    job = q.enqueue(rq_jobs.flush_scripts_then_return, "the-result",
+                    on_success=rq.Callback(rq_jobs.on_success),
+                    on_failure=rq.Callback(rq_jobs.on_failure))
+
+    def settled() -> bool:
+        return Job.fetch(job.id, connection=conn).get_status() in (
+            JobStatus.FINISHED, JobStatus.FAILED)
+
+    wait_for(settled, 60, f"the job to settle\n{w.text()[-3000:]}", step=0.1)
+    fetched = Job.fetch(job.id, connection=conn)
+    failed = FailedJobRegistry("q1", connection=conn).get_job_ids()
+    exc = fetched.latest_result().exc_string if fetched.latest_result() else None
+    assert fetched.get_status() == JobStatus.FINISHED, (
+        f"status {fetched.get_status()}, callbacks {_callbacks(conn, job.id)}, exc:\n{exc}")
+    assert fetched.return_value() == "the-result"
+    assert job.id not in failed
+    assert _callbacks(conn, job.id) == ["success:the-result"]
+    assert _runs(conn, job.id) == ["start", "done"]
+    core = belayq_rq.Queue("q1", connection=conn).belayq()
+    assert core.stats()["in_flight"] == 0, core.stats()
+
+    # The same worker process goes on: a second job finishes there, and the first one does
+    # not run again.
+    second = q.enqueue(rq_jobs.add, 2, 3)
+    wait_for(lambda: Job.fetch(second.id, connection=conn).get_status() == JobStatus.FINISHED,
+             60, f"the second job\n{w.text()[-3000:]}", step=0.1)
+    assert Job.fetch(second.id, connection=conn).return_value() == 5
+    assert Job.fetch(second.id, connection=conn).worker_name == fetched.worker_name
+    assert w.alive(), w.text()[-3000:]
+    assert _runs(conn, job.id) == ["start", "done"]
+    assert _callbacks(conn, job.id) == ["success:the-result"]
+
+
+# -- (c3) Celery ---------------------------------------------------------------------------
+
+
+def _celery_worker(procs: Callable[..., Proc], env: dict[str, str], pool: str) -> Proc:
+    cmd = [sys.executable, "-m", "celery", "-A", "tests.events.crash_app", "worker",
+           "-n", f"flush-{uuid.uuid4().hex[:6]}@%h", "-l", "info", "-P", pool, "-c", "2",
+           "--without-mingle", "--without-gossip", "--without-heartbeat"]
+    return procs(cmd, env)
+
+
+def _core_stats(port: int, name: str) -> dict[str, int]:
+    """The core's stats of kombu queue ``name``, read as belayq_kombu's Channel.queue()
+    builds it (kombu's priority lists are its ready lists)."""
+    levels = [name] + [f"{name}\x06\x16{s}" for s in STEPS[1:]]
+    core = ReliableQueue(redis.Redis(port=port), name, ready_key=levels[0],
+                         level_keys=levels[1:], priority_steps=STEPS, payload_in_list=True,
+                         keeper=False)
+    return core.stats()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_celery_task_that_flushes_the_script_cache_is_acked_once(
+    conn: redis.Redis, server: RedisServer, procs: Callable[..., Proc], pool: str
+) -> None:
+    from tests.events import crash_app
+
+    lease_s = 3.0
+    queue, tag = f"flush-{uuid.uuid4().hex[:8]}", f"ev-{uuid.uuid4().hex[:8]}"
+    broker, backend = f"belayq://127.0.0.1:{server.port}/0", f"redis://127.0.0.1:{server.port}/1"
+    env = child_env(CRASH_BROKER=broker, CRASH_BACKEND=backend, CRASH_QUEUE=queue,
+                    CRASH_TAG=tag, CRASH_LEASE=str(lease_s))
+    w = _celery_worker(procs, env, pool)
+    wait_for(lambda: " ready." in w.text() or not w.alive(), 60, "the worker to start")
+    assert w.alive(), w.text()[-3000:]
+    app = crash_app.make_app(broker, backend, queue, lease_s=lease_s)
+
+    def events(ev: str) -> list[int]:
+        return [int(x.split(b":")[0]) for x in conn.lrange(f"{tag}:{ev}", 0, -1)]
+
+    result = app.send_task("crash.flush_scripts", args=(1,))
+    assert result.get(timeout=60) == "flushed-1"
+    wait_for(lambda: _core_stats(server.port, queue)["in_flight"] == 0, 30,
+             f"the ack (stats {_core_stats(server.port, queue)})\n{w.text()[-3000:]}")
+    acked_at = time.monotonic()
+    stats = _core_stats(server.port, queue)
+    assert stats["acked"] == 1 and stats.get("stale_acks", 0) == 0, stats
+
+    # Nothing runs it again within two leases (plus a sweep), and the worker consumes on.
+    follow = app.send_task("crash.flush_scripts", args=(2,))
+    assert follow.get(timeout=60) == "flushed-2"
+    app.send_task("crash.work", args=(3, 0.1))
+    wait_for(lambda: 3 in events("done"), 60, f"the next task\n{w.text()[-3000:]}")
+    time.sleep(max(0.0, 2 * lease_s + 1 - (time.monotonic() - acked_at)))
+    assert sorted(events("start")) == [1, 2, 3], w.text()[-3000:]
+    assert sorted(events("done")) == [1, 2, 3]
+    stats = _core_stats(server.port, queue)
+    assert (stats["in_flight"], stats["ready"], stats["acked"]) == (0, 0, 3), stats
+    assert stats.get("reclaimed", 0) == 0 and stats.get("stale_acks", 0) == 0, stats
+    assert w.alive(), w.text()[-3000:]
+    app.close()
