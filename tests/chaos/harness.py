@@ -81,7 +81,7 @@ class ChildRun:
 
 
 def _groups(flat: list[Any]) -> list[tuple[str, str, str, int]]:
-    return [(flat[i], flat[i + 1], flat[i + 2], int(flat[i + 3])) for i in range(0, len(flat), 4)]
+    return [(flat[i], flat[i + 1], flat[i + 2], int(flat[i + 3])) for i in range(0, len(flat), 5)]
 
 
 def replay(returncode: int, stderr: str, log: Path) -> ChildRun:
@@ -116,7 +116,7 @@ def replay(returncode: int, stderr: str, log: Path) -> ChildRun:
         if script == "claim":
             leased(_groups(reply[1:]))
         elif script == "lease":
-            run.blmoved.discard(argv[3])
+            run.blmoved.discard(argv[6])  # lease.lua ARGV[13], the entry
             leased(_groups(reply[2:]))
         elif script == "ack":
             for i, ok in enumerate(reply):
@@ -184,7 +184,7 @@ def survive(
         while time.monotonic() - start < deadline_s:
             if expected <= acked | already_acked:
                 stats = q.stats()
-                if not any(stats[k] for k in ("ready", "in_flight", "leased", "delayed")):
+                if not any(stats[k] for k in ("ready", "in_flight", "landing", "delayed")):
                     break
             try:
                 batch = q.claim(timeout=0.2, count=4)
@@ -212,7 +212,7 @@ def check_contract(
     assert not lost, f"{where}: messages never acked: {lost}; stats={surv.stats}"
     assert not child.acked & surv.acked, f"{where}: acked twice: {child.acked & surv.acked}"
     st = surv.stats
-    leftovers = {k: st.get(k, 0) for k in ("ready", "in_flight", "leased", "delayed", "dead")}
+    leftovers = {k: st.get(k, 0) for k in ("ready", "in_flight", "landing", "delayed", "dead")}
     assert not any(leftovers.values()), f"{where}: left in the queue: {leftovers}"
     assert st.get("acked", 0) == len(published), f"{where}: acked counter {st.get('acked')}"
     assert st.get("stale_acks", 0) == child.stale, f"{where}: stale acks {st}"

@@ -78,7 +78,7 @@ def admin(redis_server) -> Iterator[redis.Redis]:
 
 
 def _empty(stats: dict[str, int]) -> bool:
-    return not any(stats[k] for k in ("ready", "in_flight", "leased", "delayed", "dead"))
+    return not any(stats[k] for k in ("ready", "in_flight", "landing", "delayed", "dead"))
 
 
 @pytest.mark.parametrize("setup", CLIENT_SETUPS)
