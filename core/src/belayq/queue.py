@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import logging
 import os
 import random
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -23,7 +21,8 @@ from .errors import ConfigError, RedisTooOld, SchemaMismatch
 from .holding import FORKABLE, HeldClaims
 from .keys import SCHEMA_VERSION, QueueKeys
 from .lease import KEEPER
-from .models import Delivery, Published, SweepResult
+from .models import Delivery, SweepResult
+from .publishing import Publishing
 from .scripts import Arg, ScriptRunner
 
 log = logging.getLogger("belayq")
@@ -31,7 +30,7 @@ _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
 _CHECKED = "_belayq_checked_versions"
 
 
-class ReliableQueue(HeldClaims, QueueAdmin):
+class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
     """An at-least-once queue on Redis: nothing lost, nothing run twice while its worker lives.
 
     A claim is a lease: an entry of the queue's lease set with a deadline on the server's
@@ -139,116 +138,6 @@ class ReliableQueue(HeldClaims, QueueAdmin):
         if aof:
             return ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
         return ("WAIT", c.wait_replicas, c.wait_timeout_ms)
-
-    @property
-    def _durable(self) -> bool:
-        return self.config.wait_replicas > 0
-
-    # -- producing -------------------------------------------------------------------
-
-    def level_of(self, priority: int) -> int:
-        """The 1-based ready level of ``priority`` (largest step not above it).
-
-        Raises:
-            ConfigError: A priority that is not an int within 0..the last step.
-        """
-        steps = self.config.priority_steps
-        if (
-            not isinstance(priority, int)
-            or isinstance(priority, bool)
-            or not 0 <= priority <= steps[-1]
-        ):
-            raise ConfigError(
-                f"priority must be an int within 0..{steps[-1]} (this queue's priority_steps "
-                f"are {steps!r}), got {priority!r}"
-            )
-        return max(1, bisect.bisect_right(steps, priority))
-
-    def _publish_args(
-        self, payload: bytes | str, priority: int, delay_ms: int, dedup_id: str | None
-    ) -> list[Arg]:
-        if isinstance(payload, str):
-            payload = payload.encode("utf-8")
-        if not isinstance(payload, bytes):
-            raise ConfigError(f"payload must be bytes or str, got {type(payload).__name__}")
-        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-            raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
-        if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
-            raise ConfigError(f"dedup_id must be a non-empty str or None, got {dedup_id!r}")
-        return [uuid.uuid4().hex, payload, self.level_of(priority), delay_ms, dedup_id or ""]
-
-    def _publish_groups(self, groups: list[list[Arg]]) -> list[Published]:
-        args = [a for g in groups for a in g]
-        reply = self._scripts.run(
-            "publish",
-            self.config.dedup_window_ms,
-            *args,
-            request_id=str(groups[0][0]),
-            durable=self._durable,
-        )
-        return [
-            Published(_text(reply[i]), bool(int(reply[i + 1])), _text(reply[i + 2]))
-            for i in range(0, len(reply), 3)
-        ]
-
-    @_redis_errors
-    def publish_result(
-        self,
-        payload: bytes | str,
-        *,
-        priority: int = 0,
-        delay_ms: int = 0,
-        dedup_id: str | None = None,
-    ) -> Published:
-        """Store a message, and say whether it was stored (see :meth:`publish`).
-
-        Returns:
-            :class:`~belayq.models.Published`: the id, ``stored`` (False when ``dedup_id``
-            suppressed it) and, if so, where the first message is now.
-        """
-        return self._publish_groups([self._publish_args(payload, priority, delay_ms, dedup_id)])[0]
-
-    def publish(
-        self,
-        payload: bytes | str,
-        *,
-        priority: int = 0,
-        delay_ms: int = 0,
-        dedup_id: str | None = None,
-    ) -> str:
-        """Store a message; when this returns it is in Redis (ready or delayed). A call
-        re-sent after a dropped connection stores it once.
-
-        Args:
-            payload: The message (str is encoded as UTF-8).
-            priority: Lower is served first, within ``0..priority_steps[-1]``.
-            delay_ms: Hold the message this long before it becomes ready (ms).
-            dedup_id: Within ``dedup_window_ms`` a second publish with the same id
-                stores nothing and returns the first message's id (:meth:`publish_result`
-                tells the two apart).
-
-        Returns:
-            The message id.
-
-        Raises:
-            ConfigError: A bad payload, priority, delay or dedup id.
-            DurabilityError: ``wait_replicas`` were not confirmed (the message is stored).
-        """
-        return self.publish_result(
-            payload, priority=priority, delay_ms=delay_ms, dedup_id=dedup_id
-        ).id
-
-    @_redis_errors
-    def publish_many(
-        self, payloads: Iterable[bytes | str], *, priority: int = 0, batch: int = 100
-    ) -> list[str]:
-        """Publish many messages, ``batch`` per script call; returns their ids in order."""
-        _check_count(batch)
-        groups = [self._publish_args(p, priority, 0, None) for p in payloads]
-        ids: list[str] = []
-        for start in range(0, len(groups), batch):
-            ids += [p.id for p in self._publish_groups(groups[start : start + batch])]
-        return ids
 
     # -- consuming -------------------------------------------------------------------
 

@@ -1,0 +1,131 @@
+"""Producing: :meth:`publish`, :meth:`publish_result` and :meth:`publish_many` of
+:class:`~belayq.ReliableQueue` (mixed into it)."""
+
+from __future__ import annotations
+
+import bisect
+import uuid
+from collections.abc import Iterable
+
+from ._support import check_count as _check_count
+from ._support import redis_errors as _redis_errors
+from ._support import text as _text
+from .config import QueueConfig
+from .errors import ConfigError
+from .models import Published
+from .scripts import Arg, ScriptRunner
+
+
+class Publishing:
+    """Storing messages, mixed into :class:`~belayq.ReliableQueue`."""
+
+    config: QueueConfig
+    _scripts: ScriptRunner
+
+    @property
+    def _durable(self) -> bool:
+        return self.config.wait_replicas > 0
+
+    def level_of(self, priority: int) -> int:
+        """The 1-based ready level of ``priority`` (largest step not above it).
+
+        Raises:
+            ConfigError: A priority that is not an int within 0..the last step.
+        """
+        steps = self.config.priority_steps
+        if (
+            not isinstance(priority, int)
+            or isinstance(priority, bool)
+            or not 0 <= priority <= steps[-1]
+        ):
+            raise ConfigError(
+                f"priority must be an int within 0..{steps[-1]} (this queue's priority_steps "
+                f"are {steps!r}), got {priority!r}"
+            )
+        return max(1, bisect.bisect_right(steps, priority))
+
+    def _publish_args(
+        self, payload: bytes | str, priority: int, delay_ms: int, dedup_id: str | None
+    ) -> list[Arg]:
+        if isinstance(payload, str):
+            payload = payload.encode("utf-8")
+        if not isinstance(payload, bytes):
+            raise ConfigError(f"payload must be bytes or str, got {type(payload).__name__}")
+        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
+            raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
+        if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
+            raise ConfigError(f"dedup_id must be a non-empty str or None, got {dedup_id!r}")
+        return [uuid.uuid4().hex, payload, self.level_of(priority), delay_ms, dedup_id or ""]
+
+    def _publish_groups(self, groups: list[list[Arg]]) -> list[Published]:
+        args = [a for g in groups for a in g]
+        reply = self._scripts.run(
+            "publish",
+            self.config.dedup_window_ms,
+            *args,
+            request_id=str(groups[0][0]),
+            durable=self._durable,
+        )
+        return [
+            Published(_text(reply[i]), bool(int(reply[i + 1])), _text(reply[i + 2]))
+            for i in range(0, len(reply), 3)
+        ]
+
+    @_redis_errors
+    def publish_result(
+        self,
+        payload: bytes | str,
+        *,
+        priority: int = 0,
+        delay_ms: int = 0,
+        dedup_id: str | None = None,
+    ) -> Published:
+        """Store a message, and say whether it was stored (see :meth:`publish`).
+
+        Returns:
+            :class:`~belayq.models.Published`: the id, ``stored`` (False when ``dedup_id``
+            suppressed it) and, if so, where the first message is now.
+        """
+        return self._publish_groups([self._publish_args(payload, priority, delay_ms, dedup_id)])[0]
+
+    def publish(
+        self,
+        payload: bytes | str,
+        *,
+        priority: int = 0,
+        delay_ms: int = 0,
+        dedup_id: str | None = None,
+    ) -> str:
+        """Store a message; when this returns it is in Redis (ready or delayed). A call
+        re-sent after a dropped connection stores it once.
+
+        Args:
+            payload: The message (str is encoded as UTF-8).
+            priority: Lower is served first, within ``0..priority_steps[-1]``.
+            delay_ms: Hold the message this long before it becomes ready (ms).
+            dedup_id: Within ``dedup_window_ms`` a second publish with the same id
+                stores nothing and returns the first message's id (:meth:`publish_result`
+                tells the two apart).
+
+        Returns:
+            The message id.
+
+        Raises:
+            ConfigError: A bad payload, priority, delay or dedup id.
+            DurabilityError: ``wait_replicas`` were not confirmed (the message is stored).
+        """
+        return self.publish_result(
+            payload, priority=priority, delay_ms=delay_ms, dedup_id=dedup_id
+        ).id
+
+    @_redis_errors
+    def publish_many(
+        self, payloads: Iterable[bytes | str], *, priority: int = 0, batch: int = 100
+    ) -> list[str]:
+        """Publish many messages, ``batch`` per script call; returns their ids in order."""
+        _check_count(batch)
+        groups = [self._publish_args(p, priority, 0, None) for p in payloads]
+        ids: list[str] = []
+        for start in range(0, len(groups), batch):
+            ids += [p.id for p in self._publish_groups(groups[start : start + batch])]
+        return ids
