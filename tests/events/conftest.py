@@ -4,9 +4,12 @@ Missing binary: skip locally, fail under CI=true (``tests.conftest.unavailable``
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import redis
 
 from belayq.embedded import (
     RedisClusterServers,
@@ -14,7 +17,9 @@ from belayq.embedded import (
     redis_server_binary,
     system_redis_server,
 )
+from belayq.lease import KEEPER
 from tests.conftest import unavailable
+from tests.events.workers import Proc
 
 
 @pytest.fixture(scope="session")
@@ -55,3 +60,35 @@ def start_cluster(redis_binary: str) -> Iterator[Callable[[], RedisClusterServer
     yield start
     for cluster in started:
         cluster.stop()
+
+
+@pytest.fixture
+def server(redis_binary: str) -> Iterator[RedisServer]:
+    """A redis-server of this test only."""
+    with RedisServer(redis_binary) as srv:
+        yield srv
+    KEEPER.stop_all()
+
+
+@pytest.fixture
+def conn(server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=server.port)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    """Factory of worker subprocesses, all killed (kill -9, children too) at the end."""
+    started: list[Proc] = []
+
+    def start(cmd: list[str], env: dict[str, str]) -> Proc:
+        p = Proc(cmd, tmp_path / f"proc-{len(started)}.log", env)
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill9()
+        if os.environ.get("BQ_SHOW_LOGS"):
+            print(f"--- {p.log}\n{p.text()[-6000:]}")

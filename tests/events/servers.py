@@ -41,16 +41,18 @@ POLL_S = 20.0
 
 
 def wait_for(
-    predicate: Callable[[], Any], what: str, timeout: float = POLL_S, step: float = 0.02
+    predicate: Callable[[], Any], what: Any, timeout: float = POLL_S, step: float = 0.02
 ) -> Any:
-    """Poll ``predicate`` until it returns something true; fail after ``timeout`` s."""
+    """Poll ``predicate`` until it returns something true; fail after ``timeout`` s, naming
+    ``what`` (a str, or a callable giving one when the wait failed)."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            shown = what() if callable(what) else what
+            raise AssertionError(f"timed out after {timeout} s waiting for {shown}")
         time.sleep(step)
 
 

@@ -17,13 +17,11 @@ import base64
 import collections
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,126 +32,15 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry
 
 from belayq import ReliableQueue
-from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
-from belayq.lease import KEEPER
-from tests.conftest import unavailable
+from belayq.embedded import RedisServer
 from tests.events import rq_jobs
+from tests.events.workers import Proc, child_env, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 RQ_BIN = Path(sys.executable).with_name("rq")
 STEPS = (0, 3, 6, 9)
 KILLS = 8
 KILL_EVERY_S = 3.0
 MAX_DELIVERIES = 5  # the Celery crash loop's (belayq_kombu's default)
-
-
-# -- servers, processes, polling -----------------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A redis-server of this test only."""
-    try:
-        binary = system_redis_server() or redis_server_binary()
-    except Exception as exc:
-        unavailable(f"no redis-server: {exc}")
-    with RedisServer(binary) as srv:
-        yield srv
-    KEEPER.stop_all()
-
-
-@pytest.fixture
-def conn(server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=server.port)
-    yield client
-    client.close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: Any, step: float = 0.05) -> Any:
-    """Poll ``predicate`` until truthy; ``what`` (a str, or a callable giving one) names
-    what was awaited in the failure."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(
-                f"timed out after {timeout} s waiting for {what() if callable(what) else what}"
-            )
-        time.sleep(step)
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    )
-    for name in ("RQ_QUEUE_CLASS", "RQ_WORKER_CLASS"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
-class Proc:
-    """A worker subprocess in its own session (a Celery worker and its pool children share
-    its process group; RQ's work horses get groups of their own), logging to a file."""
-
-    def __init__(self, cmd: list[str], log: Path, env: dict[str, str]) -> None:
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                start_new_session=True,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def children(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.pid)], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split()]
-
-    def kill9(self) -> None:
-        """kill -9 of the worker and every child of it, as a lost node: all are stopped
-        first (SIGSTOP), so none of them acts on another's death, then killed."""
-        if self.proc.poll() is None:
-            pids = [self.pid, *self.children()]
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGSTOP)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
-            for pid in [*self.children(), *pids]:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
-
-    def start(cmd: list[str], env: dict[str, str]) -> Proc:
-        p = Proc(cmd, tmp_path / f"proc-{len(started)}.log", env)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.kill9()
-        if os.environ.get("BQ_SHOW_LOGS"):
-            print(f"--- {p.log}\n{p.text()[-6000:]}")
 
 
 # -- Celery --------------------------------------------------------------------------------

@@ -7,14 +7,10 @@ Each test starts its own redis-server (the flush empties the whole server's cach
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,103 +22,12 @@ from rq.registry import FailedJobRegistry
 
 import belayq_rq
 from belayq import ReliableQueue
-from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
-from belayq.lease import KEEPER
-from tests.conftest import unavailable
+from belayq.embedded import RedisServer
 from tests.events import rq_jobs
+from tests.events.workers import Proc, child_env, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
 RQ_BIN = Path(sys.executable).with_name("rq")
 STEPS = (0, 3, 6, 9)
-
-
-# -- servers, processes, polling -----------------------------------------------------------
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A redis-server of this test only."""
-    try:
-        binary = system_redis_server() or redis_server_binary()
-    except Exception as exc:
-        unavailable(f"no redis-server: {exc}")
-    with RedisServer(binary) as srv:
-        yield srv
-    KEEPER.stop_all()
-
-
-@pytest.fixture
-def conn(server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=server.port)
-    yield client
-    client.close()
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)
-
-
-def child_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
-    )
-    for name in ("RQ_QUEUE_CLASS", "RQ_WORKER_CLASS"):
-        env.pop(name, None)
-    env.update(extra)
-    return env
-
-
-class Proc:
-    """A worker subprocess in its own session, its output in a log file."""
-
-    def __init__(self, cmd: list[str], log: Path, env: dict[str, str]) -> None:
-        self.log = log
-        with log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                start_new_session=True,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    started: list[Proc] = []
-
-    def start(cmd: list[str], env: dict[str, str]) -> Proc:
-        p = Proc(cmd, tmp_path / f"proc-{len(started)}.log", env)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.kill()
-        if os.environ.get("BQ_SHOW_LOGS"):
-            print(f"--- {p.log}\n{p.text()[-6000:]}")
 
 
 # -- (c1) the core ---------------------------------------------------------------------------

@@ -13,13 +13,11 @@
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, attempts1, ...}; lost is
 -- 1 when the BLMOVE-d entry could not be leased (swept back, or a copy already in flight).
 -- @include context
+-- @include claim_keys
 -- @include claiming
 -- @include recover
 
-local k = {processing = KEYS[1], leases = KEYS[2], delayed = KEYS[3], dead = KEYS[4],
-  meta = KEYS[5], payloads = KEYS[6], memo = KEYS[7], memo_exp = KEYS[8], stats = KEYS[9],
-  levels = {}}
-for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+local k = claim_keys()
 local lease_ms = tonumber(ARGV[7])
 local want = tonumber(ARGV[8])
 local floor_every = tonumber(ARGV[9])

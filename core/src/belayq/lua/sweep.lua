@@ -17,14 +17,12 @@
 -- ARGV[8] grace_ms length of a provisional lease (ms)
 -- Returns {1, reclaimed, dead_lettered, adopted, promoted, orphans_found}.
 -- @include context
+-- @include claim_keys
 -- @include memo
 -- @include ready
 -- @include recover
 
-local k = {processing = KEYS[1], leases = KEYS[2], delayed = KEYS[3], dead = KEYS[4],
-  meta = KEYS[5], payloads = KEYS[6], memo = KEYS[7], memo_exp = KEYS[8], stats = KEYS[9],
-  levels = {}}
-for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+local k = claim_keys()
 local limit = tonumber(ARGV[7])
 local grace_ms = tonumber(ARGV[8])
 local now = now_ms()
