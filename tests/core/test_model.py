@@ -100,7 +100,7 @@ _BASE = dict(
 _SCALE = float(os.environ.get("BELAYQ_MODEL_SCALE", "1"))  # > 1 for a long hunt
 if os.environ.get("BELAYQ_MODEL_NO_SHRINK"):  # while debugging: the first failure, fast
     _BASE.update(report_multiple_bugs=False, phases=[Phase.reuse, Phase.generate])
-for _name, _n in (("model", 150), ("model-62", 25), ("model-cluster", 12)):
+for _name, _n in (("model", 80), ("model-62", 15), ("model-cluster", 8)):
     settings.register_profile(_name, max_examples=max(1, round(_n * _SCALE)), **_BASE)
 
 STEPS = [(0,), (0, 5, 9), DEFAULT_PRIORITY_STEPS]

@@ -2,7 +2,8 @@
 and Workers swapped in (peer/run_rq_suite.py). Every failure must be one the runner lists
 as expected, with its reason and the belayq test that replaces it.
 
-About 2-4 minutes on a 2-core box, so it runs under CI=true (or BELAYQ_PEER=1) only.
+About 2-4 minutes on a 2-core box, so it runs under CI=true (or BELAYQ_PEER=1) only, and
+in the background from the end of collection on (tests/conftest.py), overlapping the rest.
 """
 
 from __future__ import annotations
@@ -11,15 +12,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from tests.conftest import CI, unavailable
 from tests.plugins.rq.conftest import ROOT
-
-RUNNER = ROOT / "tests" / "plugins" / "rq" / "peer" / "run_rq_suite.py"
+from tests.plugins.rq.peer import background
 
 
 @pytest.mark.slow
@@ -29,13 +27,10 @@ def test_rq_own_suite_passes_with_belayq_swapped_in() -> None:
         pytest.skip("RQ's own suite takes 2-4 min: runs under CI=true or BELAYQ_PEER=1")
     if shutil.which("unshare") is None:
         unavailable("`unshare` is needed to give RQ's suite a private localhost:6379")
-    out = subprocess.run(
-        [sys.executable, str(RUNNER)], capture_output=True, text=True, timeout=880,
-        cwd=ROOT,
-    )
-    summary = re.search(r"^RQ \S+ test suite, belayq_rq.*", out.stdout, re.M | re.S)
-    print(summary.group(0) if summary else out.stdout[-3000:])
-    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-3000:]
+    code, stdout, stderr = background.start().wait(880)  # started when collected
+    summary = re.search(r"^RQ \S+ test suite, belayq_rq.*", stdout, re.M | re.S)
+    print(summary.group(0) if summary else stdout[-3000:])
+    assert code == 0, stdout[-6000:] + stderr[-3000:]
     from importlib import metadata
 
     results = json.loads(
