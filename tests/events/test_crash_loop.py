@@ -177,6 +177,8 @@ def test_celery_crash_loop_dead_letters_nothing_that_never_ran(
     killed_every_run = {i for i, _ in burials}
     assert set(done) | killed_every_run == set(range(n)), sorted(set(range(n)) - set(done))[:20]
     assert started_before_final, "no task started during the crash loop: nothing was tested"
+    # A task records "done" before Celery acks it: wait for the last acks.
+    wait_for(lambda: run.core.stats()["in_flight"] == 0, 30, lambda: f"acks: {run.core.stats()}")
     s = run.core.stats()
     assert (s["ready"], s["in_flight"]) == (0, 0), s
     assert final.alive()
@@ -220,6 +222,8 @@ def test_celery_task_that_kills_its_whole_worker_counts_runs_not_prefetch(
     assert task_arg(dead.payload) == 9 and dead.attempts == 2, dead
     assert run.events("killer")[9] == 2
     assert "lease expired" in dead.reason and "max_deliveries=2" in dead.reason, dead.reason
+    # A task records "done" before Celery acks it: wait for the last ack.
+    wait_for(lambda: run.core.stats()["in_flight"] == 0, 30, lambda: f"acks: {run.core.stats()}")
     s = run.core.stats()
     assert (s["ready"], s["in_flight"], s["dead"]) == (0, 0, 1), s
 
