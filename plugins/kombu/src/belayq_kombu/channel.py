@@ -137,9 +137,8 @@ class Channel(stock.Channel):  # type: ignore[misc]
         props = message.get("properties") or {}
         if props.get("expiration") is not None and PUBLISHED_MS not in props:
             props[PUBLISHED_MS] = int(time() * 1000)
-        # kombu files a priority above the last step under the last step (Channel.priority)
         priority = min(self._get_message_priority(message, reverse=False),
-                       self.priority_steps[-1])
+                       self.priority_steps[-1])  # above the last step: the last, as kombu
         self.queue(queue).publish(dumps(message), priority=priority)
         if queue in getattr(self, "_expires", ()):  # kombu >= 5.4: queues with x-expires
             with self.conn_or_acquire() as client:
@@ -342,15 +341,11 @@ class Channel(stock.Channel):  # type: ignore[misc]
         return int(self.queue(queue).purge())
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
-        """Delete the queue's messages and, unless some are claimed, every key belayq keeps
-        for it (so auto-delete queues, such as each ``celery inspect`` reply queue, leave
-        nothing behind)."""
+        """Delete the queue's messages and, unless some are claimed, its keys and queue
+        object: an auto-delete queue (a ``celery inspect`` reply queue) leaves nothing."""
         rq = self.queue(queue)
         if rq.drop():
-            # Nothing of it is left in Redis: nor in this process (no keeper thread, no
-            # cached queue object per `celery inspect` reply queue).
-            rq.close(release=False)
-            self.connection.queues.pop(queue, None)
+            self.connection.forget_queue(queue)
         else:
             rq.purge()
         super()._delete(queue, *args, **kwargs)

@@ -73,8 +73,13 @@ class Transport(stock.Transport):  # type: ignore[misc]
         consumed = {q for ch in self.cycle._channels for q in ch._active_queues}
         for name, rq in list(self.queues.items()):
             if name not in consumed and not rq.held:
-                rq.close(release=False)
-                del self.queues[name]
+                self.forget_queue(name)
+
+    def forget_queue(self, name: str) -> None:
+        """Drop the cached queue object of ``name`` and stop keeping its leases."""
+        rq = self.queues.pop(name, None)
+        if rq is not None:
+            rq.close(release=False)
 
     def driver_version(self) -> str:
         return f"belayq {belayq_version}, redis-py {redis.__version__}"
