@@ -16,14 +16,21 @@ ready, in flight, delayed or dead exactly once; the first call of every kind wor
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import pytest
 import redis
+import rq
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from rq.job import Job, JobStatus
 
+import belayq_rq
 from belayq import Delivery, ReliableQueue
 from belayq.embedded import RedisServer
+from tests.events import rq_jobs
 
 from .servers import (
     LEASE_MS,
@@ -189,3 +196,42 @@ def test_first_calls_after_restart_work(
         got = reclaim_all(q, h, held)
         check_nothing_lost(q, h, got)
         assert q.ack_many(got) == [True] * len(got)
+
+
+class _RestartingWorker(belayq_rq.SimpleWorker):
+    """Kills the server (AOF always) just before RQ records the start of its first job,
+    and starts it again 1.5 s later."""
+
+    server: RedisServer
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        if not getattr(self, "_restarted", False):
+            self._restarted = True
+            kill9(self.server)
+            threading.Timer(1.5, restart, (self.server,)).start()
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
+
+
+def test_rq_job_whose_start_meets_a_restart_finishes(
+    start_server: Callable[..., RedisServer],
+) -> None:
+    """RQ's records of the start fail with ConnectionError while the server restarts: the
+    job has not started, so it must not be FAILED (nor its on_failure run); it runs once.
+
+    The client retries once, at once, as redis-py 5 did (redis-py 8 retries for about 5 s
+    by itself, which would hide this outage)."""
+    server = start_server("--appendonly", "yes", "--appendfsync", "always")
+    conn = redis.Redis(port=server.port, retry=Retry(NoBackoff(), 1))
+    with closing_all([conn]):
+        q = belayq_rq.Queue("restarts", connection=conn)
+        job = q.enqueue(rq_jobs.add, 2, 3, on_failure=rq.Callback(rq_jobs.on_failure))
+        worker = _RestartingWorker([q], connection=conn)
+        worker.server = server
+        worker.work(burst=True)
+        job.refresh()
+        assert job.get_status() == JobStatus.FINISHED, job.latest_result()
+        assert job.return_value() == 5
+        runs = [r.decode().split(":")[0] for r in conn.lrange(f"runs:{job.id}", 0, -1)]
+        assert runs == ["start", "done"]
+        assert conn.lrange(f"callbacks:{job.id}", 0, -1) == []
+        assert q.belayq().stats()["in_flight"] == 0

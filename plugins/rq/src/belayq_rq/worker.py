@@ -41,6 +41,8 @@ from .queue import Queue
 
 log = logging.getLogger("belayq_rq")
 _REPEAT_S = 0.1
+#: What a restarting or failing-over server answers (LOADING is a ConnectionError).
+_SERVER_AWAY = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
 
 def _upgrade_queue_class(owner: type, queue_class: Any) -> type[Queue]:
@@ -118,8 +120,27 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             claim.core.ack_on(pipeline, [claim.delivery])
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
-        # belayq never uses RQ's intermediate list; skip its removal command.
-        super().prepare_job_execution(job, False)
+        """RQ's records of the start (idempotent field and key writes), retried while the
+        server restarts or fails over, for up to half the fresh lease: the job has not
+        started, so a lost connection here is no failure of the job. belayq never uses
+        RQ's intermediate list; its removal command is skipped."""
+        claim = claim_of(job)
+        deadline = time.monotonic() + (claim.core.config.lease_ms / 2000 if claim else 0)
+        pause = 0.05
+        while True:
+            try:
+                super().prepare_job_execution(job, False)
+                return
+            except _SERVER_AWAY:
+                if claim is None:
+                    raise
+                if time.monotonic() + pause >= deadline:
+                    # Still away: the attempt is lost, not failed (handle_job_failure).
+                    self._belayq_lost = job.id
+                    raise
+                log.warning("job %s: the server is away before the start; retrying", job.id)
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def execute_job(self, job: Job, queue: RQQueue) -> None:
         self._belayq_killed_on_purpose = False
