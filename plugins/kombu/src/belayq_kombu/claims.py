@@ -126,9 +126,11 @@ class Claims:
 
     def report_starts(self) -> None:
         """Tell the core which claims Celery's pool has accepted: their runs count as
-        attempts from now on. No round trip: the reports ride on the lease keeper's next
-        extend. Claims only prefetched (or held for their ETA) stay unstarted, so a worker
-        that dies holding them does not move them toward the dead-letter set."""
+        attempts from now on. Sent at once (one script per queue, only on a tick that found
+        new starts), so a task that kills its whole worker soon after it starts is counted;
+        with Redis away, the reports ride on the lease keeper's next extend. Claims only
+        prefetched (or held for their ETA) stay unstarted, so a worker that dies holding
+        them does not move them toward the dead-letter set."""
         running = running_tags()
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         with self._lock:
@@ -138,7 +140,10 @@ class Claims:
                     by_queue[claim[0]].append(claim[1])
                     self._reported.add(tag)
         for rq, deliveries in by_queue.items():
-            rq.start(deliveries)
+            try:
+                rq.start(deliveries, now=True)
+            except ConnectionLost:
+                rq.start(deliveries)
 
     def start_task_now(self, task_id: str) -> None:
         """A task starts in this very process (solo or threads pool): report it at once, so
