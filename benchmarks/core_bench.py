@@ -258,21 +258,43 @@ def run_throughput(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, S
     out["raw_blmove_lrem"] = measure(r, n, raw_blmove_lrem)
     _need(r.llen(rq) == 0 and r.llen(rp) == 0, "raw floor drained")
 
-    # belayq claim(count=1) + ack
+    # belayq claim(count=1) + ack: as the library's functions (the default on 7.0+) and as
+    # scripts (lua_functions=False, what 6.2, clusters and restricted ACL users run)
+    no_functions = {"lua_functions": False}
+    for loop, options in (("bq_claim1_ack", {}), ("bq_claim1_ack_scripts", no_functions)):
+        fresh(r)
+        q = queue(r, **options)
+        for b in batches:
+            q.publish_many(b)
+
+        def bq_claim1(q: ReliableQueue = q) -> None:
+            done = 0
+            while done < n:
+                got = q.claim(timeout=1.0, count=1)
+                _need(len(got) == 1, "claim(count=1) got nothing")
+                _need(q.ack(got[0]), "ack refused")
+                done += 1
+
+        out[loop] = measure(r, n, bq_claim1)
+        check_drained(q)
+        q.close(release=False)
+
+    # belayq's steady state with prefetch 1: the ack of one and the claim of the next in one
+    # round trip (ack_and_claim)
     fresh(r)
     q = queue(r)
     for b in batches:
         q.publish_many(b)
 
-    def bq_claim1() -> None:
-        done = 0
-        while done < n:
-            got = q.claim(timeout=1.0, count=1)
-            _need(len(got) == 1, "claim(count=1) got nothing")
-            _need(q.ack(got[0]), "ack refused")
-            done += 1
+    def bq_ack_and_claim() -> None:
+        [held] = q.claim(timeout=1.0, count=1)
+        for _ in range(n - 1):
+            acked, got = q.ack_and_claim([held], 1)
+            _need(acked == [True] and len(got) == 1, "ack_and_claim")
+            held = got[0]
+        _need(q.ack(held), "last ack refused")
 
-    out["bq_claim1_ack"] = measure(r, n, bq_claim1)
+    out["bq_ack_and_claim"] = measure(r, n, bq_ack_and_claim)
     check_drained(q)
     q.close(release=False)
 
@@ -671,6 +693,8 @@ THROUGHPUT_ROWS = [
     ("publish, one by one", "bq_publish", "raw_lpush"),
     ("publish, batches of {b}", "bq_publish_many", "raw_lpush_pipe"),
     ("claim+ack, count=1", "bq_claim1_ack", "raw_blmove_lrem"),
+    ("claim+ack, count=1, as scripts", "bq_claim1_ack_scripts", "raw_blmove_lrem"),
+    ("ack_and_claim, count=1 (1 round trip)", "bq_ack_and_claim", "raw_blmove_lrem"),
     ("claim+ack, count={b} (vs unbatched floor)", "bq_claim100_ack_many", "raw_blmove_lrem"),
     ("claim+ack, count={b} (vs batched floor)", "bq_claim100_ack_many", "raw_pipe_floor"),
     ("claim+ack, count=1 (vs Lua lease floor)", "bq_claim1_ack", "raw_lua_floor"),
@@ -680,6 +704,8 @@ LOOP_LABELS = {
     "bq_publish": "belayq publish()",
     "bq_publish_many": "belayq publish_many({b})",
     "bq_claim1_ack": "belayq claim(count=1) + ack",
+    "bq_claim1_ack_scripts": "belayq claim(count=1) + ack, lua_functions=False",
+    "bq_ack_and_claim": "belayq ack_and_claim(count=1)",
     "bq_claim100_ack_many": "belayq claim(count={b}) + ack_many",
     "raw_lpush": "raw LPUSH",
     "raw_lpush_pipe": "raw LPUSH pipelined {b}",

@@ -50,14 +50,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     binary = redis_server_binary()
-    with RedisServer(binary) as primary:
-        with RedisServer(binary, args=["--replicaof", "127.0.0.1", str(primary.port)]) as rep:
-            r = redis.Redis(port=primary.port)
-            _wait_link(redis.Redis(port=rep.port))
-            results: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
-            for _ in range(args.reps):
-                for wait in (0, 1):
-                    results[wait].append(_rates(r, args.n, wait))
+    replica_of = ["--replicaof", "127.0.0.1"]
+    with RedisServer(binary) as primary, RedisServer(
+        binary, args=[*replica_of, str(primary.port)]
+    ) as rep:
+        r = redis.Redis(port=primary.port)
+        _wait_link(redis.Redis(port=rep.port))
+        results: dict[int, list[tuple[float, float]]] = {0: [], 1: []}
+        for _ in range(args.reps):
+            for wait in (0, 1):
+                results[wait].append(_rates(r, args.n, wait))
     med = {w: (statistics.median(p for p, _ in v), statistics.median(c for _, c in v))
            for w, v in results.items()}
     print(f"primary + 1 replica on loopback, {args.n} messages, median of {args.reps} reps")

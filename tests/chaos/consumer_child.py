@@ -42,9 +42,7 @@ import redis
 import redis.client
 
 from belayq import ReliableQueue
-from belayq.scripts import SCRIPT_NAMES, sha
-
-_SCRIPT_BY_SHA = {sha(name): name for name in SCRIPT_NAMES}
+from belayq.scripts import script_of
 
 
 class Killer:
@@ -118,12 +116,12 @@ def _plain(value: Any) -> Any:
 
 
 def _describe(args: tuple[Any, ...]) -> dict[str, Any]:
-    """Command name, script name and the script-specific ARGV of an EVALSHA."""
+    """Command name, script name and the script-specific ARGV of an EVALSHA or FCALL."""
     cmd = str(_plain(args[0])).upper()
     out: dict[str, Any] = {"cmd": cmd}
-    if cmd == "EVALSHA":
+    if cmd in ("EVALSHA", "FCALL"):
         numkeys = int(args[2])
-        out["script"] = _SCRIPT_BY_SHA.get(str(_plain(args[1])), "?")
+        out["script"] = script_of(args) or "?"
         out["argv"] = _plain(list(args[3 + numkeys + 6 :]))  # after KEYS and the common six
     else:
         out["args"] = _plain(list(args[1:]))

@@ -272,17 +272,16 @@ class ReplyLoss:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str, target: str) -> None:
         from redis.connection import AbstractConnection
 
-        from belayq.scripts import SCRIPT_NAMES, sha
+        from belayq.scripts import script_of
 
         self.fired = 0
-        by_sha = {sha(n): n for n in SCRIPT_NAMES}
         send, read = AbstractConnection.send_command, AbstractConnection.read_response
         loss = self
 
         def send_command(conn: Any, *args: Any, **kwargs: Any) -> Any:
             cmd = args[0].upper() if isinstance(args[0], str) else str(args[0])
-            if cmd == "EVALSHA":
-                cmd = by_sha.get(str(args[1]), "?")
+            if cmd in ("EVALSHA", "FCALL"):
+                cmd = script_of(args) or "?"
             conn._chaos_last = cmd
             return send(conn, *args, **kwargs)
 

@@ -200,7 +200,7 @@ def test_a_resent_publish_stores_the_message_once(
     execute = client.execute_command
 
     def recording(*args: Any, **kw: Any) -> Any:
-        if args and args[0] == "EVALSHA":
+        if args and args[0] in ("EVALSHA", "FCALL"):
             sent.append(args)
         return execute(*args, **kw)
 

@@ -19,6 +19,7 @@ import redis
 from celery import Celery
 
 import belayq_kombu  # noqa: F401  (registers belayq://)
+from tests.events.servers import flush_lua
 
 env = os.environ.get
 
@@ -94,10 +95,10 @@ def poison(i: int) -> None:
 
 @app.task(name="crash.flush_scripts")
 def flush_scripts(i: int) -> str:
-    """Empties the server's script cache from inside the task (after the claim, before the
-    ack), then succeeds."""
+    """Empties the server's script cache and function libraries from inside the task (after
+    the claim, before the ack), then succeeds."""
     record("start", i)
-    records().script_flush()
+    flush_lua(records())
     record("done", i)
     return f"flushed-{i}"
 

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from rq import get_current_job
 
 import belayq_rq
+from tests.events.servers import flush_lua
 
 LEASE_MS = 3_000
 POISON_MAX_DELIVERIES = 3
@@ -72,12 +73,12 @@ def kill_my_horse() -> None:
 
 
 def flush_scripts_then_return(value: str) -> str:
-    """Empties the server's script cache after the claim and before RQ's finishing
-    transaction (which carries belayq's ack), then succeeds."""
+    """Empties the server's script cache and function libraries after the claim and before
+    RQ's finishing transaction (which carries belayq's ack), then succeeds."""
     job = get_current_job()
     assert job is not None
     _record("start")
-    job.connection.script_flush()
+    flush_lua(job.connection)
     _record("done")
     return value
 

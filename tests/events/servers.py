@@ -86,6 +86,19 @@ def empty_script_cache(client: redis.Redis) -> None:
         client.script_flush()
 
 
+def supports_functions(client: redis.Redis) -> bool:
+    """Whether the server has Redis FUNCTIONs (7.0+)."""
+    return int(str(client.info("server")["redis_version"]).split(".")[0]) >= 7
+
+
+def flush_lua(client: redis.Redis) -> None:
+    """Empty the server's script cache and, on Redis 7+, delete its function libraries:
+    every way belayq's transitions can vanish from a live server."""
+    client.script_flush()
+    if supports_functions(client):
+        client.function_flush()
+
+
 def aof_flushed(client: redis.Redis) -> None:
     """Wait until the AOF buffer is written to the file (what a SIGKILL keeps: the page
     cache survives a process kill; appendfsync everysec may postpone writes, not lose them)."""

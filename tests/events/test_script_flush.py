@@ -1,6 +1,7 @@
-"""``SCRIPT FLUSH`` (or a restart that empties the script cache) between a claim and its
-settlement must not change the outcome: the core reloads its scripts, and the adapters'
-settle paths (RQ's finishing transaction, Celery's acks) still ack.
+"""``SCRIPT FLUSH`` and ``FUNCTION FLUSH`` (or a restart that empties the script cache)
+between a claim and its settlement must not change the outcome: the core loads its scripts
+or library again, and the adapters' settle paths (RQ's finishing transaction, Celery's acks)
+still ack. The core's tests run both ways (``lua_functions`` False and True).
 
 Each test starts its own redis-server (the flush empties the whole server's cache).
 """
@@ -24,6 +25,7 @@ import belayq_rq
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
 from tests.events import rq_jobs
+from tests.events.servers import flush_lua, supports_functions
 from tests.events.workers import Proc, child_env, wait_for
 
 RQ_BIN = Path(sys.executable).with_name("rq")
@@ -33,8 +35,23 @@ STEPS = (0, 3, 6, 9)
 # -- (c1) the core ---------------------------------------------------------------------------
 
 
-def _claimed(conn: redis.Redis, n: int = 1) -> tuple[ReliableQueue, list[Any]]:
-    q = ReliableQueue(conn, f"flush-{uuid.uuid4().hex[:8]}", keeper=False, lease_ms=5_000)
+@pytest.fixture(params=["scripts", "functions"])
+def lua(request: pytest.FixtureRequest, conn: redis.Redis) -> str:
+    """How the queue runs its transitions: EVALSHA of scripts (flushed by SCRIPT FLUSH), or
+    FCALL of the library (flushed by FUNCTION FLUSH; Redis 7.0+)."""
+    if request.param == "functions" and not supports_functions(conn):
+        pytest.skip("Redis < 7.0 has no functions")
+    return str(request.param)
+
+
+def _claimed(conn: redis.Redis, lua: str, n: int = 1) -> tuple[ReliableQueue, list[Any]]:
+    q = ReliableQueue(
+        conn,
+        f"flush-{uuid.uuid4().hex[:8]}",
+        keeper=False,
+        lease_ms=5_000,
+        lua_functions=lua == "functions",
+    )
     for i in range(n + 1):
         q.publish(f"m{i}".encode())
     got = q.claim(timeout=1.0, count=n)
@@ -42,64 +59,66 @@ def _claimed(conn: redis.Redis, n: int = 1) -> tuple[ReliableQueue, list[Any]]:
     return q, got
 
 
-def test_core_ack_after_script_flush(conn: redis.Redis) -> None:
-    q, [d] = _claimed(conn)
-    conn.script_flush()
+def test_core_ack_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, [d] = _claimed(conn, lua)
+    flush_lua(conn)
     assert q.ack(d) is True
     s = q.stats()
     assert (s["in_flight"], s["acked"], s["ready"]) == (0, 1, 1), s
     [nxt] = q.claim(timeout=1.0)  # the claim path after a flush too
-    conn.script_flush()
+    flush_lua(conn)
     assert q.ack_many([nxt]) == [True]
     assert q.stats()["in_flight"] == 0
 
 
-def test_core_nack_after_script_flush(conn: redis.Redis) -> None:
-    q, [d] = _claimed(conn)
-    conn.script_flush()
+def test_core_nack_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, [d] = _claimed(conn, lua)
+    flush_lua(conn)
     assert q.nack(d, delay_ms=0, reason="flushed") == "ready"
     s = q.stats()
     assert (s["in_flight"], s["ready"]) == (0, 2), s
 
 
-def test_core_dead_letter_after_script_flush(conn: redis.Redis) -> None:
-    q, [d] = _claimed(conn)
-    conn.script_flush()
+def test_core_dead_letter_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, [d] = _claimed(conn, lua)
+    flush_lua(conn)
     assert q.dead_letter(d, "flushed") is True
     [dead] = q.dead_letters()
     assert dead.id == d.id and dead.reason.startswith("flushed")
 
 
-def test_core_extend_after_script_flush(conn: redis.Redis) -> None:
-    q, ds = _claimed(conn, 2)
-    conn.script_flush()
+def test_core_extend_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, ds = _claimed(conn, lua, 2)
+    flush_lua(conn)
     assert q.extend(ds) == [True, True]
-    conn.script_flush()
+    flush_lua(conn)
     assert q.ack_many(ds) == [True, True]
 
 
-def test_core_release_after_script_flush(conn: redis.Redis) -> None:
-    q, ds = _claimed(conn, 2)
-    conn.script_flush()
+def test_core_release_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, ds = _claimed(conn, lua, 2)
+    flush_lua(conn)
     assert q.release(ds) == 2
     s = q.stats()
     assert (s["in_flight"], s["ready"]) == (0, 3), s
 
 
-def test_core_ack_and_claim_after_script_flush(conn: redis.Redis) -> None:
-    q, [d] = _claimed(conn)
-    conn.script_flush()
+def test_core_ack_and_claim_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, [d] = _claimed(conn, lua)
+    flush_lua(conn)
     acked, more = q.ack_and_claim([d], 1)
     assert acked == [True] and len(more) == 1
     assert q.ack(more[0]) is True
 
 
-def test_core_ack_on_the_callers_transaction_after_script_flush(conn: redis.Redis) -> None:
+def test_core_ack_on_the_callers_transaction_after_script_flush(
+    conn: redis.Redis, lua: str
+) -> None:
     """The RQ path: the ack is an EVALSHA queued in the caller's MULTI/EXEC. After a flush
     the transaction must still commit everything, the ack included."""
-    q, [d] = _claimed(conn)
+    q, [d] = _claimed(conn, lua)
     key = f"x-{uuid.uuid4().hex[:6]}"
-    conn.script_flush()
+    flush_lua(conn)
     with conn.pipeline() as p:
         q.ack_on(p, [d])
         p.set(key, 1)
@@ -110,9 +129,9 @@ def test_core_ack_on_the_callers_transaction_after_script_flush(conn: redis.Redi
     assert (s["in_flight"], s["acked"]) == (0, 1), s
 
 
-def test_core_ack_on_a_plain_pipeline_after_script_flush(conn: redis.Redis) -> None:
-    q, [d] = _claimed(conn)
-    conn.script_flush()
+def test_core_ack_on_a_plain_pipeline_after_script_flush(conn: redis.Redis, lua: str) -> None:
+    q, [d] = _claimed(conn, lua)
+    flush_lua(conn)
     with conn.pipeline(transaction=False) as p:
         q.ack_on(p, [d])
         p.ping()

@@ -36,12 +36,22 @@ def documented_users() -> dict[str, list[str]]:
     return users
 
 
+FUNCTION_RULES = ("+fcall", "+function|load")
+
+
+def for_server(admin: redis.Redis, rules: list[str]) -> list[str]:
+    """The rules as docs/acl.md says to use them on this server (6.2: no function rules)."""
+    if int(str(admin.info("server")["redis_version"]).split(".")[0]) >= 7:
+        return rules
+    return [r for r in rules if r not in FUNCTION_RULES]
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
     s = start_server()
     admin = redis.Redis(port=s.port)
     for user, rules in documented_users().items():
-        admin.execute_command("ACL", "SETUSER", user, *rules)
+        admin.execute_command("ACL", "SETUSER", user, *for_server(admin, rules))
     admin.close()
     yield s
     s.stop()
@@ -72,6 +82,7 @@ def test_docs_define_the_three_users() -> None:
 
 def test_the_core_runs_as_its_acl_user(server: RedisServer, admin: redis.Redis) -> None:
     fresh_log(admin)
+    admin.config_resetstat()
     c = as_user(server, "belayq-core")
     q = ReliableQueue(c, "acl-core", lease_ms=300, keeper=False)
     other = ReliableQueue(c, "acl-core-2", keeper=False)
@@ -96,6 +107,38 @@ def test_the_core_runs_as_its_acl_user(server: RedisServer, admin: redis.Redis) 
     assert [x.payload for x in got] == [b"b"] and other.ack(got[0])
     assert q.stats()["in_flight"] == 0 and q.purge() == 0
     assert refusals(admin, "belayq-core") == []
+    used = "cmdstat_fcall" if for_server(admin, list(FUNCTION_RULES)) else "cmdstat_evalsha"
+    assert admin.info("commandstats")[used]["calls"] > 0
+    c.close()
+
+
+@pytest.mark.parametrize("dropped", [FUNCTION_RULES, ("+function|load",)],
+                         ids=["no-functions", "no-function-load"])
+def test_without_function_rights_the_core_runs_its_scripts(
+    server: RedisServer, admin: redis.Redis, dropped: tuple[str, ...]
+) -> None:
+    """The core user minus ``+fcall +function|load`` (or minus ``+function|load`` on a server
+    whose library is gone): the first call is refused once, and the queue runs every call
+    as a script instead."""
+    if not for_server(admin, list(FUNCTION_RULES)):
+        pytest.skip("Redis 6.2 has no functions: the core always runs scripts there")
+    rules = documented_users()["belayq-core"]
+    user = "belayq-core-" + "-".join(d.strip("+").replace("|", "-") for d in dropped)
+    admin.execute_command("ACL", "SETUSER", user, *[r for r in rules if r not in dropped])
+    admin.function_flush()
+    fresh_log(admin)
+    admin.config_resetstat()
+    c = redis.Redis(port=server.port, username=user, password=PASSWORD)
+    q = ReliableQueue(c, f"acl-{user}", keeper=False)
+    q.publish(b"a")
+    [d] = q.claim(1)
+    assert q.ack(d) and q.stats()["in_flight"] == 0
+    calls = admin.info("commandstats")
+    fcall = calls.get("cmdstat_fcall", {"calls": 0, "failed_calls": 0})
+    assert fcall["calls"] - fcall["failed_calls"] == 0, fcall  # none ran
+    assert calls["cmdstat_evalsha"]["calls"] >= 3
+    refused = [str(e.get("object")) for e in refusals(admin, user)]
+    assert refused == (["fcall"] if "+fcall" in dropped else ["function|load"]), refused
     c.close()
 
 

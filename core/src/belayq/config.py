@@ -58,6 +58,10 @@ class QueueConfig:
             None = when the server has both; True = required; False = never.
         cluster_retry_ms: How long a script call is retried while its cluster slot is
             migrating (TRYAGAIN, ASK, MOVED) before ``ConnectionLost`` (ms).
+        lua_functions: Run the transitions as belayq's Redis FUNCTION library (FCALL)
+            rather than as scripts (EVALSHA): cheaper per call, and kept by restarts and
+            replicas. None = when the client reaches one Redis 7.0+ server and may load
+            it; True = required; False = never. Clusters and fakeredis use scripts.
     """
 
     lease_ms: int = 30_000
@@ -81,6 +85,7 @@ class QueueConfig:
     wait_timeout_ms: int = 1_000
     wait_aof: bool | None = None
     cluster_retry_ms: int = 10_000
+    lua_functions: bool | None = None
 
     def __post_init__(self) -> None:
         _positive("lease_ms", self.lease_ms, minimum=100)
@@ -115,8 +120,9 @@ class QueueConfig:
         for flag in ("claim_starts",):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
-        if self.wait_aof not in (None, True, False):
-            raise ConfigError(f"wait_aof must be None, True or False, got {self.wait_aof!r}")
+        for tri in ("wait_aof", "lua_functions"):
+            if getattr(self, tri) not in (None, True, False):
+                raise ConfigError(f"{tri} must be None, True or False, got {getattr(self, tri)!r}")
         _positive("reply_window_ms", self.reply_window_ms, minimum=100)
         _positive("wait_replicas", self.wait_replicas, minimum=0)
         _positive("wait_timeout_ms", self.wait_timeout_ms)

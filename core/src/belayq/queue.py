@@ -112,6 +112,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
                         "wheel (6.2.14)."
                     )
             vars(self.client)[_CHECKED] = versions
+        self._scripts.server_versions = versions
         found = self.client.hget(self.keys.stats, "schema")
         if found is not None and int(found) != SCHEMA_VERSION:
             raise SchemaMismatch(

@@ -1,15 +1,16 @@
-"""Loads the Lua scripts from ``lua/`` and runs them with EVALSHA.
+"""Loads the Lua transitions from ``lua/`` and runs them: as functions of belayq's Redis
+FUNCTION library (FCALL, Redis 7.0+ on one server) or as scripts (EVALSHA).
 
 Each script file is one transition and opens with its contract block. ``-- @include name``
-lines paste ``lua/includes/name.lua`` in (each include once, its own includes first). The
-``KEYS[i] <role>`` lines of the contract block are the script's key vector: the runner reads
-them, so the keys each script is given and the keys its header names cannot drift apart.
+lines name the ``lua/includes/name.lua`` it uses (each pasted once, its own includes first).
+The ``KEYS[i] <role>`` lines of the contract block are the script's key vector: the runner
+reads them, so the keys each script is given and the keys its header names cannot drift
+apart. As a library, the includes are defined once when it loads; as a script, on every call.
 
-Scripts survive a server that lost its script cache (restart, failover, ``SCRIPT FLUSH``):
-every EVALSHA that answers NOSCRIPT reloads the scripts and runs again (a script that found
-its cache empty ran nothing), and a call queued in the caller's own transaction (RQ's
-MULTI) is sent as EVAL with the script's text, which no cache loss can fail. Why not Redis
-FUNCTIONs: README, "Scripts and the script cache".
+The transitions survive a server that lost them (restart, failover, ``SCRIPT FLUSH``,
+``FUNCTION FLUSH``): a call that finds its script or function missing ran nothing, so the
+library or scripts are loaded again and the call runs again. A call queued in the caller's
+own transaction (RQ's MULTI) is sent as EVAL with the script's text, which no loss can fail.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from redis.exceptions import NoScriptError
 
 from . import client_info
 from .config import QueueConfig
-from .errors import ConnectionLost, DurabilityError
+from .errors import ConfigError, ConnectionLost, DurabilityError
 from .keys import QueueKeys
 
 Arg = str | bytes | int | float
@@ -57,33 +58,78 @@ _REDIRECTS: tuple[type[Exception], ...] = tuple(
 )
 
 
+def _lost_scripts(reply: Any) -> bool:
+    """Whether a reply says the server has lost belayq's scripts or library (restart,
+    failover, SCRIPT FLUSH, FUNCTION FLUSH): the call ran nothing."""
+    return isinstance(reply, NoScriptError) or (
+        isinstance(reply, redis.ResponseError) and str(reply).startswith("Function not found")
+    )
+
+
 def _lua_dir() -> Any:
     return resources.files("belayq") / "lua"
 
 
+def _text(path: Any) -> str:
+    return str(path.read_text(encoding="utf-8"))
+
+
+def _own_text(name: str) -> str:
+    """Script ``name``'s own statements (its file without the include lines)."""
+    return _INCLUDE.sub("", _text(_lua_dir() / f"{name}.lua"))
+
+
+def _includes(text: str, done: list[str]) -> list[str]:
+    """Append to ``done`` the includes ``text`` names, not yet in it, dependencies first."""
+    for inc in _INCLUDE.findall(text):
+        if inc not in done:
+            _includes(_text(_lua_dir() / "includes" / f"{inc}.lua"), done)
+            done.append(inc)
+    return done
+
+
+def _pasted(includes: list[str]) -> str:
+    return "\n".join(
+        _INCLUDE.sub("", _text(_lua_dir() / "includes" / f"{inc}.lua")) for inc in includes
+    )
+
+
 @cache
 def source(name: str) -> str:
-    """The full text of script ``name`` with its includes pasted in (each once)."""
-    lua = _lua_dir()
-    done: set[str] = set()
-
-    def expand(text: str) -> str:
-        def include(m: re.Match[str]) -> str:
-            inc = m.group(1)
-            if inc in done:
-                return f"-- (included above: {inc})"
-            done.add(inc)
-            return expand((lua / "includes" / f"{inc}.lua").read_text("utf-8"))
-
-        return _INCLUDE.sub(include, text)
-
-    return expand((lua / f"{name}.lua").read_text(encoding="utf-8"))
+    """The full text of script ``name``: its includes (each once, dependencies first), the
+    reading of the common arguments, then its own statements."""
+    includes = _includes(_text(_lua_dir() / f"{name}.lua"), [])
+    if "context" not in includes:
+        raise ValueError(f"{name}.lua must include context (directly or not)")
+    return f"{_pasted(includes)}\nread_context()\n{_own_text(name)}"
 
 
 @cache
 def sha(name: str) -> str:
     """SHA1 of script ``name`` as Redis computes it for EVALSHA."""
     return hashlib.sha1(source(name).encode("utf-8")).hexdigest()
+
+
+@cache
+def library() -> tuple[str, str]:
+    """belayq's Redis FUNCTION library: ``(name, code)``. The includes are defined once, when
+    the library loads, not on every call as a script's are; each script is a function
+    ``<library name>_<script>`` that sets KEYS and ARGV and runs the script's statements.
+    The name carries a digest of the code, so two versions of belayq can share a server."""
+    includes: list[str] = []
+    for name in SCRIPT_NAMES:
+        _includes(_text(_lua_dir() / f"{name}.lua"), includes)
+    parts = ["local KEYS, ARGV", _pasted(includes)]
+    for name in SCRIPT_NAMES:
+        parts.append(f"local function script_{name}()\n{_own_text(name)}\nend")
+    body = "\n".join(parts)
+    lib = "belayq_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:12]
+    registrations = "\n".join(
+        f"redis.register_function('{lib}_{name}', function(keys, args)\n"
+        f"  KEYS, ARGV = keys, args\n  read_context()\n  return script_{name}()\nend)"
+        for name in SCRIPT_NAMES
+    )
+    return lib, f"#!lua name={lib}\n{body}\n{registrations}\n"
 
 
 @cache
@@ -106,6 +152,25 @@ def key_roles(name: str) -> tuple[str, ...]:
     return tuple(order)
 
 
+def script_of(command: Sequence[Any]) -> str | None:
+    """The name of the belayq transition a command (as given to ``execute_command``) runs:
+    an EVALSHA of one of the scripts, or an FCALL of the library; else None."""
+    if len(command) < 2:
+        return None
+    verb = command[0].decode() if isinstance(command[0], bytes) else str(command[0])
+    target = command[1].decode() if isinstance(command[1], bytes) else str(command[1])
+    if verb.upper() == "EVALSHA":
+        return next((n for n in SCRIPT_NAMES if sha(n) == target), None)
+    prefix = library()[0] + "_"
+    if verb.upper() == "FCALL" and target.startswith(prefix):
+        return target[len(prefix) :]
+    return None
+
+
+#: The commands that run belayq's transitions, as INFO commandstats names them.
+SCRIPT_COMMANDS = ("evalsha", "fcall")
+
+
 class ScriptRunner:
     """Runs belayq's scripts for one queue on one client.
 
@@ -123,6 +188,10 @@ class ScriptRunner:
         self.vectors = {n: self._vector(n) for n in SCRIPT_NAMES}
         self.cluster = client_info.is_cluster(client)
         self.wait_command: tuple[Arg, ...] | None = None  # set by the queue (durability)
+        # FCALL of belayq's function library (Redis 7.0+, one server) or EVALSHA; decided
+        # on the first call (see _pick_functions).
+        self._functions: bool | None = None if config.lua_functions is not False else False
+        self.server_versions: list[str] = []  # set by the queue ([]: fakeredis, unknown)
         c = config
         self._mode = (
             ("1" if c.payload_in_list else "0")
@@ -144,59 +213,113 @@ class ScriptRunner:
             c.reply_window_ms,
         ]
 
-    def _argv(self, name: str, args: Sequence[Arg], request_id: str) -> list[Arg]:
+    def _command(self, name: str, args: Sequence[Arg], request_id: str) -> list[Arg]:
+        if self._functions is None:
+            self._functions = self._pick_functions()
         keys = self.vectors[name]
         c = self.config
+        head: list[Arg] = (
+            ["FCALL", f"{library()[0]}_{name}"] if self._functions else ["EVALSHA", sha(name)]
+        )
         return [
-            sha(name), len(keys), *keys, self.skew_ms, self._mode, c.max_deliveries,
+            *head, len(keys), *keys, self.skew_ms, self._mode, c.max_deliveries,
             c.dead_letter_max, request_id, c.reply_window_ms, *args,
         ]
 
-    def load_all(self) -> None:
-        """Load every script into the server's cache (on every primary of a cluster)."""
+    def _pick_functions(self) -> bool:
+        """Whether to call belayq's function library: on one server (a cluster would need
+        it on every node, and redis-py a key lookup per FCALL) that runs Redis 7.0+. The
+        library is loaded by the first call that finds it missing; a client that may not
+        load or call it falls back to scripts then (see _reload)."""
+        versions = [] if self.cluster else self.server_versions
+        able = bool(versions) and all(client_info.version_tuple(v) >= (7,) for v in versions)
+        if self.config.lua_functions and not able:
+            raise ConfigError(
+                "lua_functions=True needs one Redis 7.0+ server (not a cluster, not fakeredis)"
+            )
+        return able
+
+    def _recoverable(self, reply: Any) -> bool:
+        """A reply that ran nothing and that loading (or falling back to scripts) cures."""
+        if _lost_scripts(reply):
+            return True
+        return bool(self._functions) and isinstance(reply, redis.exceptions.NoPermissionError)
+
+    def _reload(self, reply: Any = None) -> None:
+        """Load the library (or the scripts) after a call found them missing. A client that
+        the server refuses FCALL or FUNCTION LOAD (an ACL user without them, a proxy) uses
+        scripts from then on, unless ``lua_functions=True``."""
+        if not self._functions:
+            self._load_scripts()
+            return
+        refusal: Exception | None = None
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            refusal = reply
+        else:
+            try:
+                self.client.execute_command("FUNCTION", "LOAD", library()[1])
+            except redis.ResponseError as exc:
+                if "already exists" in str(exc):  # another process loaded it meanwhile
+                    return
+                refusal = exc
+        if refusal is None:
+            return
+        if self.config.lua_functions:
+            raise ConfigError(f"lua_functions=True, but the library cannot run: {refusal}")
+        self._functions = False
+        self._load_scripts()
+
+    def _load_scripts(self) -> None:
         for name in SCRIPT_NAMES:
             self.client.script_load(source(name))
+
+    def load_all(self) -> None:
+        """Load the library, or every script into the server's cache (on every primary of
+        a cluster)."""
+        self._reload()
 
     def run(self, name: str, *args: Arg, request_id: str = "", durable: bool = False) -> Any:
         """Run script ``name`` with the queue's keys.
 
-        Reloads the scripts and runs again on NOSCRIPT; retries for up to
-        ``cluster_retry_ms`` while a cluster slot migrates (TRYAGAIN, ASK, MOVED).
-        With ``durable`` and ``wait_replicas`` set, waits for the replicas in the same
-        round trip.
+        Loads the library or scripts and runs again when the server lost them; retries
+        for up to ``cluster_retry_ms`` while a cluster slot migrates (TRYAGAIN, ASK,
+        MOVED). With ``durable`` and ``wait_replicas`` set, waits for the replicas in the
+        same round trip.
 
         Raises:
             DurabilityError: Fewer replicas confirmed the write than asked.
             ConnectionLost: A slot migration outlasted ``cluster_retry_ms``.
         """
-        argv = self._argv(name, args, request_id)
-        if durable and self.wait_command is not None:
-            return self._retrying(lambda: self._run_durable(argv))
-        return self._retrying(lambda: self._evalsha(argv))
+        durable = durable and self.wait_command is not None
+        return self._retrying(lambda: self._run_once(name, args, request_id, durable))
 
-    def _evalsha(self, argv: list[Arg]) -> Any:
-        try:
-            return self.client.execute_command("EVALSHA", *argv)
-        except NoScriptError:
-            self.load_all()
-            return self.client.execute_command("EVALSHA", *argv)
-
-    def _run_durable(self, argv: list[Arg]) -> Any:
-        assert self.wait_command is not None
-        node = self._node_client()
+    def _run_once(self, name: str, args: Sequence[Arg], request_id: str, durable: bool) -> Any:
         for attempt in (1, 2):
-            pipe = node.pipeline(transaction=False)
-            pipe.execute_command("EVALSHA", *argv)
-            pipe.execute_command(*self.wait_command)
-            reply, confirmed = pipe.execute(raise_on_error=False)
-            if isinstance(reply, NoScriptError) and attempt == 1:
-                self.load_all()
+            command = self._command(name, args, request_id)
+            if durable:
+                reply, confirmed = self._send_durable(command)
+            else:
+                try:
+                    reply = self.client.execute_command(*command)
+                except redis.ResponseError as exc:
+                    reply = exc
+            if attempt == 1 and self._recoverable(reply):
+                self._reload(reply)
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            self._check_durable(confirmed)
+            if durable:
+                self._check_durable(confirmed)
             return reply
         raise AssertionError("unreachable")
+
+    def _send_durable(self, command: list[Arg]) -> tuple[Any, Any]:
+        assert self.wait_command is not None
+        pipe = self._node_client().pipeline(transaction=False)
+        pipe.execute_command(*command)
+        pipe.execute_command(*self.wait_command)
+        reply, confirmed = pipe.execute(raise_on_error=False)
+        return reply, confirmed
 
     def _check_durable(self, confirmed: Any) -> None:
         wanted = self.config.wait_replicas
@@ -246,19 +369,17 @@ class ScriptRunner:
 
     def run_many(self, *calls: tuple[str, list[Arg], str]) -> list[Any]:
         """Run several scripts in one round trip (a pipeline, not a transaction): each call
-        is ``(name, args, request_id)``; the replies in order. A call that answered NOSCRIPT
-        ran nothing: the scripts are reloaded and that call alone is run again."""
-        argvs = [self._argv(name, args, rid) for name, args, rid in calls]
-
+        is ``(name, args, request_id)``; the replies in order. A call that found its script
+        or function missing ran nothing: they are reloaded and that call alone runs again."""
         def once() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
-            for argv in argvs:
-                pipe.execute_command("EVALSHA", *argv)
+            for name, args, rid in calls:
+                pipe.execute_command(*self._command(name, args, rid))
             replies = list(pipe.execute(raise_on_error=False))
             for i, reply in enumerate(replies):
-                if isinstance(reply, NoScriptError):
-                    self.load_all()
-                    replies[i] = self.client.execute_command("EVALSHA", *argvs[i])
+                if self._recoverable(reply):
+                    name, args, rid = calls[i]
+                    replies[i] = self._run_once(name, args, rid, False)
                 elif isinstance(reply, Exception):
                     raise reply
             return replies

@@ -6,6 +6,7 @@
 -- KEYS[6] payloads, KEYS[7] memo, KEYS[8] memo_exp, KEYS[9] stats, KEYS[10..] levels
 -- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
+-- @include context
 
 if redis.call('LLEN', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[2]) > 0 then
   return 0

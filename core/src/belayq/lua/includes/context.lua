@@ -12,14 +12,21 @@
 -- ARGV[6] reply_window_ms  how long that reply is kept
 -- Script-specific arguments start at ARGV[7].
 
-local SKEW_MS = tonumber(ARGV[1])
-local INLINE = string.sub(ARGV[2], 1, 1) == '1'
-local HEAD_LEFT = string.find(ARGV[2], 'L', 2, true) ~= nil
-local BELL_ON = string.find(ARGV[2], 'N', 2, true) == nil
-local MAX_DELIVERIES = tonumber(ARGV[3])
-local DEAD_MAX = tonumber(ARGV[4])
-local REQUEST_ID = ARGV[5]
-local REPLY_WINDOW_MS = tonumber(ARGV[6])
+-- They are read once per call by read_context(), which the loader runs before the script's
+-- own statements (see scripts.py): as a script (EVALSHA) or as a function of belayq's library.
+
+local SKEW_MS, INLINE, HEAD_LEFT, BELL_ON, MAX_DELIVERIES, DEAD_MAX, REQUEST_ID, REPLY_WINDOW_MS
+
+local function read_context()
+  SKEW_MS = tonumber(ARGV[1])
+  INLINE = string.sub(ARGV[2], 1, 1) == '1'
+  HEAD_LEFT = string.find(ARGV[2], 'L', 2, true) ~= nil
+  BELL_ON = string.find(ARGV[2], 'N', 2, true) == nil
+  MAX_DELIVERIES = tonumber(ARGV[3])
+  DEAD_MAX = tonumber(ARGV[4])
+  REQUEST_ID = ARGV[5]
+  REPLY_WINDOW_MS = tonumber(ARGV[6])
+end
 
 local function now_ms()
   local t = redis.call('TIME')
