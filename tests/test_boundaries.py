@@ -1,4 +1,4 @@
-"""The architecture's boundaries (DESIGN §3): adapters hold no Lua, no key strings and no
+"""The architecture's boundaries (docs/design.md §3.3): adapters hold no Lua, no key strings and no
 queue logic; the core depends on redis-py only; only keys.py builds key strings."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input reaching a real ``celery worker`` on ``belayq://`` (DESIGN §2.5): each ends in
+"""Bad input reaching a real ``celery worker`` on ``belayq://`` (docs/design.md §2.5): each ends in
 the queue's dead-letter list with a reason, the worker keeps running (a normal task
 published after the bad one runs in the same process), and the tasks around it run
 exactly once.

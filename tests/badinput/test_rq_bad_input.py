@@ -1,4 +1,4 @@
-"""Bad input reaching a real ``rq worker -w belayq_rq.Worker`` (DESIGN §2.5).
+"""Bad input reaching a real ``rq worker -w belayq_rq.Worker`` (docs/design.md §2.5).
 
 An entry of ``rq:queue:NAME`` that is no job RQ can load (its hash was deleted or expired,
 an id pushed by hand, bytes that are not an id at all, 20 MB of them, a hash RQ cannot

@@ -1,4 +1,4 @@
-"""The contract suite (DESIGN §2), written once against a queue factory.
+"""The contract suite (docs/design.md §2), written once against a queue factory.
 
 A subclass provides the ``new_queue`` fixture: a callable returning a fresh consumer of
 one shared queue each time it is called (same name, new object, as a new process would

@@ -1,4 +1,5 @@
-"""Honest errors (DESIGN §2.7): each bad setup fails at construction with one clear message."""
+"""Honest errors (docs/design.md §2.8): each bad setup fails at construction with one clear
+message."""
 
 from __future__ import annotations
 

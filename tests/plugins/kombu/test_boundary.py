@@ -1,4 +1,4 @@
-"""The kombu adapter holds no queue logic, no Lua and no key strings (DESIGN section 3):
+"""The kombu adapter holds no queue logic, no Lua and no key strings (docs/design.md §3.3):
 besides tests/test_boundaries.py, it sends no Redis command that changes a queue itself;
 every write goes through the core's API or through code it inherits from kombu."""
 

@@ -1,4 +1,4 @@
-"""Real ``rq worker`` subprocesses killed mid-job (DESIGN §6 "Real workers").
+"""Real ``rq worker`` subprocesses killed mid-job (docs/design.md §8 "Real workers").
 
 Stock RQ turns each of these crashes into a FAILED job (AbandonedJobError, about 10 min
 later, or at once for a killed work horse). With belayq_rq the job runs again on another
