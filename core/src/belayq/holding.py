@@ -1,5 +1,6 @@
 """The claims a queue object holds: taken on claim, forgotten on settle, extended by the
-keeper's heartbeat while the process lives."""
+keeper's heartbeat while the process lives; and the settlements that could not reach Redis,
+which the keeper retries (see :meth:`HeldClaims.retry_later`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ._support import text as _text
+from .errors import ConnectionLost
 from .lease import KEEPER
 from .models import Delivery, SweepResult
 
@@ -29,6 +31,7 @@ def _relock_after_fork() -> None:
         q._lock = threading.Lock()
         q._held = {}
         q._starting = set()
+        q._unsettled = []
 
 
 os.register_at_fork(after_in_child=_relock_after_fork)
@@ -40,10 +43,26 @@ class HeldClaims:
     name: str
     _held: dict[str, Delivery]
     _starting: set[str]
+    _unsettled: list[tuple[str, Delivery, str]]
     _lock: threading.Lock
     _use_keeper: bool
 
+    #: The settlements :meth:`retry_later` accepts.
+    SETTLES = ("ack", "nack", "dead", "release")
+
     def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+        raise NotImplementedError
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        raise NotImplementedError
+
+    def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
+        raise NotImplementedError
+
+    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+        raise NotImplementedError
+
+    def release(self, deliveries: Sequence[Delivery]) -> int:
         raise NotImplementedError
 
     def sweep(self, *, guarded: bool = False) -> SweepResult:
@@ -108,9 +127,68 @@ class HeldClaims:
         with self._lock:
             return list(self._held.values())
 
+    # -- settlements that could not reach Redis ---------------------------------------------
+
+    def retry_later(self, op: str, deliveries: Sequence[Delivery], reason: str = "") -> None:
+        """Retry a settlement that could not reach Redis (it raised ``ConnectionLost``)
+        until it lands: the claims stay held, so the lease keeper extends them meanwhile,
+        and each of its beats tries again (:meth:`retry_unsettled`). If this process dies
+        first, the leases run out and the messages are redelivered: nothing is lost.
+
+        Args:
+            op: ``"ack"``, ``"nack"`` (back to ready at once, a counted run), ``"dead"``
+                (dead-letter with ``reason``) or ``"release"`` (back to ready, uncounted).
+            deliveries: The claims.
+            reason: The nack's or dead letter's reason.
+        """
+        if op not in self.SETTLES:
+            raise ValueError(f"op must be one of {self.SETTLES}, got {op!r}")
+        log.warning("could not %s %d claim(s) of %s (Redis unreachable); will retry", op,
+                    len(deliveries), self.name)
+        with self._lock:
+            for d in deliveries:
+                self._held.setdefault(d.id, d)
+                self._unsettled.append((op, d, reason))
+            if self._use_keeper:
+                KEEPER.register(self)  # type: ignore[arg-type]  # a ReliableQueue
+
+    @property
+    def unsettled(self) -> int:
+        """How many settlements wait for :meth:`retry_unsettled`."""
+        return len(self._unsettled)
+
+    def retry_unsettled(self) -> int:
+        """Try the settlements :meth:`retry_later` keeps, in order; stop at the first that
+        still cannot reach Redis. Returns how many are left (the keeper calls this)."""
+        with self._lock:
+            pending, self._unsettled = self._unsettled, []
+        for i, (op, d, reason) in enumerate(pending):
+            try:
+                ok = self._settle_one(op, d, reason)
+            except ConnectionLost:
+                with self._lock:
+                    self._unsettled[:0] = pending[i:]
+                break
+            if not ok:
+                log.warning("%s of %s on %s refused after a retry: its lease had expired and "
+                            "it was redelivered", op, d.id, self.name)
+        return len(self._unsettled)
+
+    def _settle_one(self, op: str, d: Delivery, reason: str) -> bool:
+        if op == "ack":
+            return self.ack_many([d])[0]
+        if op == "nack":
+            return self.nack(d, delay_ms=0, reason=reason) != "stale"
+        if op == "dead":
+            return self.dead_letter(d, reason)
+        return self.release([d]) == 1
+
     def heartbeat(self) -> None:
-        """Extend every held lease (reporting the starts since the last beat) and run the
-        sweep (the keeper calls this)."""
+        """Retry the settlements that could not reach Redis, extend every held lease
+        (reporting the starts since the last beat) and run the sweep (the keeper calls
+        this)."""
+        if self._unsettled:
+            self.retry_unsettled()
         held = self.held
         if held:
             # A claim settled while this runs is refused here without counting as stale.

@@ -95,6 +95,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         self._use_keeper = keeper
         self._held: dict[str, Delivery] = {}
         self._starting: set[str] = set()
+        self._unsettled: list[tuple[str, Delivery, str]] = []
         self._lock = threading.Lock()
         FORKABLE.add(self)
         self._connect()
