@@ -114,10 +114,17 @@ def counts(thread: str = "MainThread") -> tuple[int, int]:
     return row[0], row[1]
 
 
-def server_calls(r: redis.Redis) -> int:
-    """Every command the server has run (INFO commandstats, Lua-internal calls included)."""
+def server_calls(r: redis.Redis) -> tuple[int, int, int]:
+    """Every command the server has run (INFO commandstats, Lua-internal calls included);
+    the server usec of scripts and functions; the usec of all commands but INFO (which
+    counts Lua-internal calls twice: use it where no script ran)."""
     info = r.info("commandstats")
-    return sum(int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_"))
+    calls = sum(int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_"))
+    lua = ("cmdstat_evalsha", "cmdstat_fcall", "cmdstat_eval")
+    lua_usec = sum(int(info[k]["usec"]) for k in lua if k in info)
+    all_usec = sum(int(v["usec"]) for k, v in info.items()
+                   if k.startswith("cmdstat_") and not k.startswith("cmdstat_info"))
+    return calls, lua_usec, all_usec
 
 
 # -- measuring ---------------------------------------------------------------------------
@@ -134,10 +141,11 @@ class Sample:
     cmds_per_msg: float
     server_cmds_per_msg: float
     keeper_rt: int
+    server_usec_per_msg: float = 0.0
 
 
 def measure(r: redis.Redis, n: int, fn: Callable[[], None]) -> Sample:
-    srv0 = server_calls(r)
+    srv0, lua0, all0 = server_calls(r)
     rt0, cmd0 = counts()
     krt0, _ = counts("belayq-lease-keeper")
     t0 = time.perf_counter()
@@ -145,7 +153,7 @@ def measure(r: redis.Redis, n: int, fn: Callable[[], None]) -> Sample:
     dt = time.perf_counter() - t0
     rt1, cmd1 = counts()
     krt1, _ = counts("belayq-lease-keeper")
-    srv1 = server_calls(r)
+    srv1, lua1, all1 = server_calls(r)
     # srv1 includes the first INFO itself; the client counters exclude both INFOs.
     return Sample(
         msgs=n,
@@ -155,6 +163,7 @@ def measure(r: redis.Redis, n: int, fn: Callable[[], None]) -> Sample:
         cmds_per_msg=(cmd1 - cmd0) / n,
         server_cmds_per_msg=(srv1 - srv0 - 1) / n,
         keeper_rt=krt1 - krt0,
+        server_usec_per_msg=((lua1 - lua0) or (all1 - all0)) / n,
     )
 
 
@@ -778,16 +787,19 @@ def report(res: dict[str, Any]) -> str:
             f"{med([s['rt_per_msg'] for s in ss]):.3f}",
             f"{med([s['cmds_per_msg'] for s in ss]):.3f}",
             f"{med([s['server_cmds_per_msg'] for s in ss]):.2f}",
+            f"{med([s.get('server_usec_per_msg', 0.0) for s in ss]):.1f}",
             str(sum(s["keeper_rt"] for s in ss)),
         ])
     out.append(table(
-        ["loop", "RT/msg", "cmds/msg sent", "cmds/msg run by server", "keeper RTs (all reps)"],
+        ["loop", "RT/msg", "cmds/msg sent", "cmds/msg run by server", "server us/msg",
+         "keeper RTs (all reps)"],
         rows,
     ))
     out.append(
         "RT = client writes+reads (a pipeline or MULTI block is 1); 'sent' = top-level commands "
         "the client sent; 'run by server' = INFO commandstats delta, which counts every "
-        "command inside Lua and the lease keeper's heartbeats too."
+        "command inside Lua and the lease keeper's heartbeats too; 'server us/msg' = server time "
+        "of the scripts or functions (of the raw commands, for a raw loop) per message."
     )
 
     mem = res["memory"]
