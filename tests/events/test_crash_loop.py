@@ -190,7 +190,7 @@ def test_celery_task_that_kills_its_whole_worker_counts_runs_not_prefetch(
 ) -> None:
     """A task that runs 2.5 s and then kills its whole worker (main process included, so
     no Celery code sees the loss) is dead-lettered after max_deliveries=2 runs: the main
-    process reported its start (Claims.report_starts, on its next sweep tick).
+    process reported its start (Tags.report_starts, on its next sweep tick).
     The three tasks the worker prefetched behind it each time never started there, so they
     lose nothing: they finish, and none is dead-lettered."""
     run = CeleryRun(server, conn, procs, max_deliveries=2)

@@ -190,7 +190,6 @@ def test_consumer_cancel_hands_back_a_pending_claim_at_once(url: str, port: int,
 
 def test_ack_that_cannot_reach_redis_is_retried(url: str, port: int, kq: str) -> None:
     from belayq.errors import ConnectionLost
-    from belayq_kombu import claims
 
     q = kombu.Queue(kq, routing_key=kq)
     publish(url, q, [{"a": 1}])
@@ -203,11 +202,12 @@ def test_ack_that_cannot_reach_redis_is_retried(url: str, port: int, kq: str) ->
             raise ConnectionLost("simulated outage")
 
         rq.ack_many = down  # type: ignore[method-assign]
-        m.ack()  # does not raise; queued for retry
-        assert len(claims.RETRY) == 1 and stats(port, kq)["in_flight"] == 1
+        m.ack()  # does not raise; queued for retry by the core's keeper
+        assert rq.unsettled == 1 and stats(port, kq)["in_flight"] == 1
+        assert len(rq.held) == 1  # still held, so the keeper extends it
         rq.ack_many = real  # type: ignore[method-assign]
-        conn.transport.cycle.maybe_sweep(force=True)
-    assert len(claims.RETRY) == 0
+        rq.heartbeat()  # what the keeper's next beat does
+        assert rq.unsettled == 0
     s = stats(port, kq)
     assert (s["in_flight"], s["acked"]) == (0, 1)
 
@@ -219,7 +219,7 @@ def test_env_is_clean() -> None:
 def test_a_kept_claim_whose_task_is_gone_is_released(url: str, port: int, kq: str) -> None:
     # What a closed channel keeps for a running task (a connection blip) must not stay
     # leased once no task runs it: here no Celery worker runs anything.
-    from belayq_kombu import claims
+    from belayq_kombu import tags as claims
 
     q = kombu.Queue(kq, routing_key=kq)
     publish(url, q, [{"kept": 1}])

@@ -96,6 +96,7 @@ def test_url_scheme_is_registered_and_class_path_works(url: str, port: int, kq: 
         ({"max_deliveries": 0}, "'max_deliveries' must be an int >= 1"),
         ({"ack_emulation": False}, "belayq always tracks unacked messages"),
         ({"master_name": "mymaster"}, "Sentinel is not supported"),
+        ({"reauth_check_interval": 10}, "remove reauth_check_interval"),
         ({"priority_steps": [0, 5, 3]}, "priority_steps must be strictly increasing"),
         ({"visibility_timeout": 1, "lease_heartbeat_interval": 2}, "must be shorter than lease_ms"),
         ({"priority_bell": "no"}, "'priority_bell' must be True or False"),

@@ -15,7 +15,6 @@ lists (``celery``, ``celery\\x06\\x163``, ...) holding the stock envelopes, so s
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import Empty
@@ -28,10 +27,10 @@ from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
 
-from . import options
-from .claims import Claims, tag_of
+from . import celery_state, options
 from .poller import Waiter
 from .qos import QoS
+from .tags import Tags, tag_of
 
 log = logging.getLogger("belayq.kombu")
 
@@ -90,7 +89,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         self._core_options = options.core_options(self)
         self._waiters: dict[str, Waiter] = {}
         self._no_ack_queues: set[str] = set()
-        self.claims: Claims = self.connection.claims
+        self.claims: Tags = self.connection.claims
         if float(self.visibility_timeout) > options.LONG_LEASE_S:
             log.warning(
                 "visibility_timeout=%s s is belayq's lease: a dead worker's tasks come back "
@@ -207,10 +206,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         waiting, claim only once half the prefetch credit is free: one claim then takes
         several messages instead of one per finished task, and no pool process idles
         meanwhile (it has waiting work)."""
-        state = sys.modules.get("celery.worker.state")
-        if state is None:
-            return True
-        waiting = len(state.reserved_requests) - len(state.active_requests)
+        waiting = celery_state.prefetched_waiting()
         return waiting <= 0 or self.credit() >= max(1, int(self.qos.prefetch_count) // 2)
 
     def on_claim_readable(self, waiter: Waiter) -> bool:

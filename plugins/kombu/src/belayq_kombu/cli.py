@@ -33,6 +33,12 @@ from . import register
 
 Connection: Any = _connection.Connection  # kombu's annotations are partial
 
+#: rollback waits this many leases, plus ROLLBACK_SLACK_S, by default: a lease that a worker
+#: extended just before it stopped runs out within one lease, and a second one covers a
+#: lease the sweep had not yet seen expire.
+ROLLBACK_LEASES = 2
+ROLLBACK_SLACK_S = 5.0
+
 
 def _options(pairs: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
@@ -70,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "rollback":
             p.add_argument("--dead", action="store_true", help="replay dead letters too")
             p.add_argument("--wait", type=float, default=None,
-                           help="seconds to wait for leases to run out (default: lease + 5)")
+                           help="seconds to wait for leases to run out (default: twice the "
+                           f"lease + {ROLLBACK_SLACK_S:g})")
     args = parser.parse_args(argv)
     with _connect(args) as conn:
         channel = conn.default_channel
@@ -95,7 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _rollback(queues: dict[str, Any], dead: bool, wait: float | None) -> int:
     lease_s = max(rq.config.lease_ms for rq in queues.values()) / 1000
-    deadline = time.monotonic() + (lease_s * 2 + 5 if wait is None else wait)
+    default = lease_s * ROLLBACK_LEASES + ROLLBACK_SLACK_S
+    deadline = time.monotonic() + (default if wait is None else wait)
     left: dict[str, int] = {}
     while True:
         for name, rq in queues.items():

@@ -58,7 +58,6 @@ TRANSPORT_OPTIONS = frozenset(
         "polling_interval",
         "unacked_restore_interval",
         "health_check_interval",
-        "reauth_check_interval",
     }
 )
 
@@ -70,6 +69,9 @@ REFUSED: dict[str, str] = {
     "sentinel_kwargs": "Redis Sentinel is not supported by belayq:// yet",
     "min_other_sentinels": "Redis Sentinel is not supported by belayq:// yet",
     "sentinel_fanout_compat": "Redis Sentinel is not supported by belayq:// yet",
+    "reauth_check_interval": "belayq:// does not yet pass a streaming credential provider's "
+    "rotated tokens to its long-lived claim connections; remove reauth_check_interval (with "
+    "such a provider, use redis:// for now)",
 }
 
 #: Default lease when visibility_timeout is not given: recovery stays under 30 s.
@@ -166,7 +168,7 @@ def core_options(source: Any) -> dict[str, Any]:
         "payload_in_list": True,
         "bell": source.priority_bell,
         # A worker prefetches: its runs count as attempts once Celery's pool accepts them
-        # (Claims.report_starts), so a crash loop does not dead-letter what never started.
+        # (Tags.report_starts), so a crash loop does not dead-letter what never started.
         "claim_starts": False,
     }
     try:

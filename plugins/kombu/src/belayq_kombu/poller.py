@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from belayq import Delivery, ReliableQueue
 
     from .channel import Channel
-    from .claims import Claims
+    from .tags import Tags
 
 log = logging.getLogger("belayq.kombu")
 
@@ -127,7 +127,7 @@ class Poller:
     #: Set by :meth:`get` while reading; the stock channel defers basic_cancel meanwhile.
     _in_protected_read = False
 
-    def __init__(self) -> None:
+    def __init__(self, tags: Tags) -> None:
         self._channels: set[Channel] = set()
         self._fds: dict[int, tuple[Channel, Any]] = {}
         self._socks: dict[tuple[Channel, Any], tuple[Any, Any]] = {}
@@ -138,7 +138,20 @@ class Poller:
         self._next_adopt = 0.0
         self._trefs: list[Any] = []  # the event loop's timers, cancelled on re-registration
         self.with_hub = False  # registered with an event loop (Celery's hub)
-        self.claims: Claims | None = None  # the transport's, whose deferred acks we flush
+        self.claims = tags  # the transport's delivery tags, whose deferred acks we flush
+
+    def attach_hub(
+        self, loop: Any, timers: list[tuple[float, Callable[[], Any]]]
+    ) -> None:
+        """Run with Celery's event loop ``loop`` from now on: its poller, its fd removal,
+        and ``timers`` ((period in s, callback) pairs) on its clock, replacing the timers
+        of an earlier registration."""
+        self.on_poll_init(loop.poller)
+        self.with_hub = True
+        self._remove_fd = loop.remove
+        for tref in self._trefs:
+            tref.cancel()
+        self._trefs = [loop.call_repeatedly(period, fun) for period, fun in timers]
 
     # -- channels and sockets ------------------------------------------------------
 
@@ -203,8 +216,7 @@ class Poller:
         """For every consumed queue with no claim pending, while credit allows: claim what
         is known to be waiting at once (one script; delivered here), else send a blocking
         claim. Subscribe fanout queues. Returns whether messages were delivered."""
-        if self.claims is not None:
-            self.claims.flush()
+        self.claims.flush()
         delivered = False
         for channel in list(self._channels):
             if channel.active_queues:
@@ -269,9 +281,8 @@ class Poller:
     def get(self, callback: Any, timeout: float | None = None) -> None:
         """Wait up to ``timeout`` for one batch of messages (no event loop: drain_events)."""
         self._in_protected_read = True
-        claims, deferring = self.claims, None
-        if claims is not None:
-            deferring, claims.defer_thread = claims.defer_thread, threading.get_ident()
+        claims = self.claims
+        deferring, claims.defer_thread = claims.defer_thread, threading.get_ident()
         try:
             if self.on_poll_start():
                 return
@@ -287,9 +298,8 @@ class Poller:
             raise Empty()
         finally:
             self._in_protected_read = False
-            if claims is not None:
-                claims.defer_thread = deferring
-                self._flush_and_claim(claims)
+            claims.defer_thread = deferring
+            self._flush_and_claim(claims)
             while self.after_read:
                 try:
                     fun = self.after_read.pop()
@@ -297,7 +307,7 @@ class Poller:
                     break
                 fun()
 
-    def _flush_and_claim(self, claims: Claims) -> None:
+    def _flush_and_claim(self, claims: Tags) -> None:
         """Send the acks the callbacks made during :meth:`get`; for a queue whose last claim
         found more waiting, claim the next messages in the same round trip."""
         if not claims.pending:
@@ -320,25 +330,22 @@ class Poller:
 
     def maybe_sweep(self, force: bool = False) -> None:
         """Run the fleet-wide guarded sweep of every consumed queue, at most once per
-        ``sweep_interval``; retry settlements that could not reach Redis."""
-        from .claims import KEPT, RETRY
+        ``sweep_interval``; settle the kept claims whose tasks ended."""
+        from .tags import KEPT
 
         now = monotonic()
         if not force and now < self._next_sweep:
             return
         interval = min((c.sweep_interval for c in self._channels), default=1.0)
         self._next_sweep = now + interval
-        if self.claims is not None:
-            self.claims.report_starts()
+        self.claims.report_starts()
         for channel in list(self._channels):
             try:
                 channel.sweep()
             except (redis.ConnectionError, redis.TimeoutError, ConnectionError):
                 log.debug("sweep skipped: Redis unreachable", exc_info=True)
                 return
-        if self.claims is not None:
-            self.claims.flush()
-        RETRY.run()
+        self.claims.flush()
         KEPT.check()
 
     def maybe_adopt(self, force: bool = False) -> None:

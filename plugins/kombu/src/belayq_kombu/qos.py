@@ -1,4 +1,4 @@
-"""Prefetch accounting as in kombu; settlement through the core (see :mod:`.claims`).
+"""Prefetch accounting as in kombu; settlement through the core (see :mod:`.tags`).
 
 On close, unstarted messages are released to the front of their queues; the claims of
 tasks Celery is still running (the channel closed under them: a connection blip) are
@@ -14,7 +14,8 @@ from kombu.transport import redis as _stock
 from kombu.transport import virtual as _virtual
 from kombu.utils.objects import cached_property
 
-from .claims import KEPT, running_tags
+from .celery_state import running_tags
+from .tags import KEPT
 
 log = logging.getLogger("belayq.kombu")
 

@@ -6,8 +6,9 @@ kombu routes a delivery to whichever channel registered the queue's callback.
 
 Settling never loses a message:
 
-* an ack or nack that cannot reach Redis is retried later (the lease keeper keeps the claim
-  alive meanwhile), instead of being dropped as kombu would;
+* an ack or nack that cannot reach Redis is retried by the core's lease keeper, which keeps
+  the claim alive meanwhile (``ReliableQueue.retry_later``), instead of being dropped as
+  kombu would;
 * claims a closed channel could not hand back are abandoned: the keeper stops extending them
   and the sweep returns them after the lease;
 * when a channel closes under running Celery tasks (a connection blip), their claims are kept
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -28,6 +28,8 @@ from typing import Any
 
 from belayq import Delivery, ReliableQueue
 from belayq.errors import ConnectionLost
+
+from . import celery_state
 
 log = logging.getLogger("belayq.kombu")
 
@@ -39,53 +41,12 @@ def tag_of(queue: str, delivery: Delivery) -> str:
     return f"{delivery.token}.{queue}"
 
 
-def running_requests() -> dict[Any, Any]:
-    """Delivery tag -> request, for the tasks a Celery worker in this process is running.
-
-    Empty outside a Celery worker. Celery keeps a task's request in
-    ``celery.worker.state.active_requests`` from the moment a pool accepted it until it
-    is done; the request holds the kombu message.
-    """
-    state = sys.modules.get("celery.worker.state")
-    if state is None:
-        return {}
-    out = {}
-    for request in list(getattr(state, "active_requests", ())):
-        tag = getattr(getattr(request, "_message", None), "delivery_tag", None)
-        if tag is not None:
-            out[tag] = request
-    return out
-
-
-def running_tags() -> set[Any]:
-    """Delivery tags of the tasks a Celery worker in this process is running right now."""
-    return set(running_requests())
-
-
-def pool_outcome(request: Any) -> bool | None:
-    """Whether a running request's pool job succeeded, once it is done; None while it runs
-    or when nothing can tell.
-
-    Celery up to 5.6 loses the completion of jobs that were running when the broker
-    connection was lost: the request stays "active" forever and is never acked. Its pool
-    job (billiard's ApplyResult), while it still exists, says how it ended.
-    """
-    ref = getattr(request, "_apply_result", None)
-    job = ref() if callable(ref) else ref
-    if job is None:
-        return None
-    try:
-        return bool(job.successful()) if job.ready() else None
-    except Exception:
-        return None
-
-
 def abandon(rq: ReliableQueue, deliveries: Iterable[Delivery]) -> None:
     """Stop extending these claims; the sweep returns them once their lease runs out."""
     rq.forget(list(deliveries))
 
 
-class Claims:
+class Tags:
     """Delivery tag -> claim, for one transport; thread-safe (acks come from any thread)."""
 
     def __init__(self) -> None:
@@ -96,7 +57,7 @@ class Claims:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._deferred: list[Claim] = []
-        ALL_CLAIMS.add(self)
+        ALL_TAGS.add(self)
         #: Acks made on this thread are sent in one script by :meth:`flush`, which the
         #: poller calls before it reads or claims again: at the next tick of the event
         #: loop (the same loop iteration) or at the end of drain_events.
@@ -128,10 +89,10 @@ class Claims:
         """Tell the core which claims Celery's pool has accepted: their runs count as
         attempts from now on. Sent at once (one script per queue, only on a tick that found
         new starts), so a task that kills its whole worker soon after it starts is counted;
-        with Redis away, the reports ride on the lease keeper's next extend. Claims only
+        with Redis away, the reports ride on the lease keeper's next extend. Tags only
         prefetched (or held for their ETA) stay unstarted, so a worker that dies holding
         them does not move them toward the dead-letter set."""
-        running = running_tags()
+        running = celery_state.running_tags()
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         with self._lock:
             for tag in running - self._reported:
@@ -214,8 +175,7 @@ class Claims:
                 else:
                     done = rq.ack_many(deliveries)
             except ConnectionLost:
-                for d in deliveries:
-                    RETRY.add("ack", rq, d, "")
+                rq.retry_later("ack", deliveries)
                 continue
             stale = [d.id for d, ok in zip(deliveries, done, strict=True) if not ok]
             if stale:
@@ -241,12 +201,12 @@ class Claims:
         try:
             _settle(op, rq, d, reason)
         except ConnectionLost:
-            RETRY.add(op, rq, d, reason)
+            rq.retry_later(op, [d], reason)
 
     def release(self, tags: Iterable[Any]) -> int:
         """Hand claims back to the front of their queues (uncounted); returns how many.
 
-        Claims that cannot be handed back (Redis unreachable) are abandoned to the sweep.
+        Tags that cannot be handed back (Redis unreachable) are abandoned to the sweep.
         """
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         for tag in tags:
@@ -279,35 +239,8 @@ def _settle(op: str, rq: ReliableQueue, d: Delivery, reason: str) -> None:
         log.warning("%s of %s refused: its lease had expired and it was redelivered", op, d.id)
 
 
-class _Retry:
-    """Settlements that could not reach Redis, retried from the pollers' sweep timer."""
-
-    def __init__(self) -> None:
-        self._pending: list[tuple[str, ReliableQueue, Delivery, str]] = []
-        self._lock = threading.Lock()
-
-    def add(self, op: str, rq: ReliableQueue, d: Delivery, reason: str) -> None:
-        log.warning("could not %s %s (Redis unreachable); will retry", op, d.id)
-        with self._lock:
-            self._pending.append((op, rq, d, reason))
-
-    def __len__(self) -> int:
-        return len(self._pending)
-
-    def run(self) -> None:
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for i, (op, rq, d, reason) in enumerate(pending):
-            try:
-                _settle(op, rq, d, reason)
-            except ConnectionLost:
-                with self._lock:
-                    self._pending.extend(pending[i:])
-                return
-
-
 class _Kept:
-    """Claims a closed channel kept because Celery was running their tasks.
+    """Tags a closed channel kept because Celery was running their tasks.
 
     They stay leased (extended by the keeper) until the task settles them. A claim whose
     task has ended without Celery settling it (Celery cancelled it, or, up to 5.6, lost
@@ -317,11 +250,11 @@ class _Kept:
     """
 
     def __init__(self) -> None:
-        self._kept: dict[Any, tuple[Claims, float]] = {}
+        self._kept: dict[Any, tuple[Tags, float]] = {}
         self._suspects: set[Any] = set()
         self._lock = threading.Lock()
 
-    def keep(self, tags: Iterable[Any], claims: Claims, max_s: float) -> None:
+    def keep(self, tags: Iterable[Any], claims: Tags, max_s: float) -> None:
         deadline = time.monotonic() + max_s
         with self._lock:
             for tag in tags:
@@ -336,7 +269,7 @@ class _Kept:
         claim has been kept for ``max_s``."""
         if not self._kept:
             return
-        requests = running_requests()
+        requests = celery_state.running_requests()
         now = time.monotonic()
         with self._lock:
             items = list(self._kept.items())
@@ -345,7 +278,7 @@ class _Kept:
                 self._drop(tag)
                 continue
             request = requests.get(tag)
-            outcome = pool_outcome(request) if request is not None else False
+            outcome = celery_state.pool_outcome(request) if request is not None else False
             if outcome is None and now > deadline:
                 outcome = False
             if outcome is None:
@@ -367,21 +300,16 @@ class _Kept:
             self._suspects.discard(tag)
 
 
-RETRY = _Retry()
 KEPT = _Kept()
-ALL_CLAIMS: weakref.WeakSet[Claims] = weakref.WeakSet()
+ALL_TAGS: weakref.WeakSet[Tags] = weakref.WeakSet()
 
 
 def _on_task_prerun(task_id: Any = None, **_: Any) -> None:
-    for claims in list(ALL_CLAIMS):
+    for tags in list(ALL_TAGS):
         if isinstance(task_id, str):
-            claims.start_task_now(task_id)
+            tags.start_task_now(task_id)
 
 
 def connect_signals() -> None:
-    """Report in-process task starts (Celery's ``task_prerun`` signal, public API)."""
-    try:
-        from celery.signals import task_prerun  # type: ignore[import-untyped]
-    except ImportError:  # kombu without Celery
-        return
-    task_prerun.connect(_on_task_prerun, weak=False, dispatch_uid="belayq-task-prerun")
+    """Report in-process task starts (Celery's ``task_prerun`` signal)."""
+    celery_state.on_task_prerun(_on_task_prerun)

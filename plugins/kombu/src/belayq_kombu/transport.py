@@ -16,9 +16,9 @@ from belayq import __version__ as belayq_version
 
 from . import options
 from .channel import Channel
-from .claims import RETRY, Claims, connect_signals
 from .poller import Poller
 from .qos import QoS
+from .tags import Tags, connect_signals
 
 log = logging.getLogger("belayq.kombu")
 
@@ -44,10 +44,9 @@ class Transport(stock.Transport):  # type: ignore[misc]
     def __init__(self, client: Any, **kwargs: Any) -> None:
         options.check(client.transport_options or {})
         super().__init__(client, **kwargs)
-        self.cycle = Poller()
-        self.claims = Claims()
+        self.claims = Tags()
+        self.cycle = Poller(self.claims)
         connect_signals()
-        self.cycle.claims = self.claims
         interval = (client.transport_options or {}).get("polling_interval")
         self.brpop_timeout = float(interval) if interval else 1.0
         self.queues: dict[str, ReliableQueue] = {}
@@ -86,10 +85,16 @@ class Transport(stock.Transport):  # type: ignore[misc]
 
     def register_with_event_loop(self, connection: Any, loop: Any) -> None:
         cycle: Poller = self.cycle
-        cycle.on_poll_init(loop.poller)
-        cycle.with_hub = True
+        opts = connection.client.transport_options or {}
+        timers = [
+            (float(opts.get("sweep_interval", Channel.sweep_interval)), cycle.maybe_sweep),
+            (float(opts.get("unacked_restore_interval", 10)), cycle.maybe_adopt),
+            (float(opts.get("health_check_interval") or 25), cycle.maybe_check_health),
+        ]
+        if hasattr(stock.Channel, "maybe_refresh_binding_expiry"):
+            timers.append((1.0, self._refresh_bindings))
+        cycle.attach_hub(loop, timers)
         self.claims.defer_thread = threading.get_ident()
-        cycle._remove_fd = loop.remove
         add_reader, on_readable = loop.add_reader, self.on_readable
 
         def on_poll_start() -> None:
@@ -98,19 +103,6 @@ class Transport(stock.Transport):  # type: ignore[misc]
                 add_reader(fd, on_readable, fd)
 
         loop.on_tick.add(on_poll_start)
-        for tref in getattr(cycle, "_trefs", ()):
-            tref.cancel()
-        opts = connection.client.transport_options or {}
-        sweep_every = float(opts.get("sweep_interval", Channel.sweep_interval))
-        adopt_every = float(opts.get("unacked_restore_interval", 10))
-        health_every = float(opts.get("health_check_interval") or 25)
-        cycle._trefs = [
-            loop.call_repeatedly(sweep_every, cycle.maybe_sweep),
-            loop.call_repeatedly(adopt_every, cycle.maybe_adopt),
-            loop.call_repeatedly(health_every, cycle.maybe_check_health),
-        ]
-        if hasattr(stock.Channel, "maybe_refresh_binding_expiry"):
-            cycle._trefs.append(loop.call_repeatedly(1, self._refresh_bindings))
 
     def _refresh_bindings(self) -> None:
         for channel in list(self.cycle._channels):
@@ -128,10 +120,10 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.claims.defer_thread = None
         self.claims.flush()
         super().close_connection(connection)
-        if len(RETRY):
-            RETRY.run()
         for rq in self.queues.values():
-            if not rq.held:  # what is still held belongs to running tasks (see claims.KEPT)
+            if rq.unsettled:
+                rq.retry_unsettled()  # its keeper retries what is still left
+            if not rq.held:  # what is still held belongs to running tasks (see tags.KEPT)
                 rq.close(release=False)
 
 
