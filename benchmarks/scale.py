@@ -8,7 +8,7 @@ Run from the repository root::
 For every held count N (``--held``) and two belayq modes:
 
 * ``ids``: ``ReliableQueue(client, name, lease_ms=3_600_000, keeper=False)``, 100-byte
-  payloads (the list holds ids, the payload sits in the message hash);
+  payloads (the list holds ids, the payload sits in the queue's payloads hash);
 * ``envelopes``: ``ReliableQueue(client, name, ready_key="bench-kq-<uuid>",
   payload_in_list=True, lease_ms=3_600_000, keeper=False)``, distinct ~1 KB kombu JSON
   envelopes of Celery protocol-2 messages (what ``belayq://`` runs on);

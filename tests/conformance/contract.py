@@ -2,7 +2,8 @@
 
 A subclass provides the ``new_queue`` fixture: a callable returning a fresh consumer of
 one shared queue each time it is called (same name, new object, as a new process would
-get). The core runs it on four backends (test_core_contract.py); adapters reuse it.
+get). The core runs it on four backends (test_core_contract.py); the adapters have suites of
+their own (kombu's and RQ's peer suites and tests/plugins).
 """
 
 from __future__ import annotations

@@ -16,13 +16,14 @@ class QueueConfig:
 
     Attributes:
         lease_ms: How long a claim stays valid without an extension (ms, server clock).
-        max_deliveries: Deliveries after which a message that is nacked or whose lease
-            expires goes to the dead-letter list instead of back to ready.
+        max_deliveries: Runs (started attempts) after which a message that is nacked, or
+            whose started claim's lease expires, goes to the dead-letter set instead of back
+            to ready. Claims that never started are not runs.
         heartbeat_interval_ms: How often the lease keeper extends the leases this process
             holds. Defaults to a third of ``lease_ms``.
-        sweep_interval_ms: Fleet-wide period of the guarded sweep (ms).
+        sweep_interval_ms: How often each consumer's lease keeper runs the sweep (ms).
         sweep_limit: How many expired leases one claim sweeps before claiming (bounded work).
-        dead_letter_max: Cap of the dead-letter list; the oldest dead letters are dropped.
+        dead_letter_max: Cap of the dead-letter set; the oldest dead letters are dropped.
         dedup_window_ms: How long a ``dedup_id`` suppresses republishing (ms).
         retry_base_ms: First backoff of ``nack(delay_ms=None)``; doubles per delivery (ms).
         retry_max_ms: Cap of that backoff before jitter (ms).
@@ -34,7 +35,7 @@ class QueueConfig:
             non-empty level, so bulk work keeps moving under sustained urgent load.
         payload_in_list: When true the ready list holds the payloads themselves (a list that
             stock kombu producers or RQ push to); when false it holds ids and the payload
-            lives in a per-message hash.
+            lives in the queue's payloads hash.
         ready_head: Which end of the ready lists is claimed next: ``"right"`` (producers
             LPUSH, as kombu's) or ``"left"`` (producers RPUSH, as RQ's ``rq:queue:NAME``).
         bell: When the first priority level is empty but a lower one holds work, put one

@@ -198,4 +198,4 @@ class HeldClaims:
                         "lease of %s on %s was lost; it will be redelivered", d.id, self.name
                     )
                     self._forget([d])
-        self.sweep(guarded=True)
+        self.sweep()

@@ -1,8 +1,9 @@
 """The lease keeper: a daemon thread per kept queue that keeps the process's leases alive.
 
 Every queue that claims registers here. Its thread extends the leases of every delivery
-the queue still holds (one script call) and runs the queue's guarded sweep, so expired
-leases anywhere in the fleet come back within one sweep period. One thread per queue, so
+the queue still holds (one script call), retries its settlements that could not reach
+Redis, and runs the queue's sweep, so expired leases anywhere in the fleet come back within
+one sweep period. One thread per queue, so
 a queue whose Redis stops answering stalls only its own heartbeat, never another's.
 
 A thread needs the GIL for a few microseconds per tick. Pure-Python CPU-bound work yields

@@ -48,7 +48,7 @@ class Published:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    """A message in the dead-letter list.
+    """A message in the dead-letter set.
 
     Attributes:
         id: The message id.
@@ -74,7 +74,7 @@ class SweepResult:
     Attributes:
         ran: Always True (kept for callers of the guarded sweep of schema 1).
         reclaimed: Expired leases put back to ready.
-        dead_lettered: Messages dead-lettered because they ran out of deliveries.
+        dead_lettered: Messages dead-lettered because they ran out of runs (attempts).
         adopted: Lease-less claims (claimer died after BLMOVE) put back to ready.
         promoted: Delayed messages that became ready.
         orphans_found: Entries found in the landing zone with no lease (given a provisional

@@ -193,6 +193,11 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
 
         Returns:
             The deliveries and the ms until the next delayed message is due (-1: none).
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: untranslated, unlike the rest of the
+                API: the event loops built on this (claim_any, the kombu transport) treat
+                them as their own connection errors.
         """
         _check_count(count)
         self._keep()
@@ -224,6 +229,9 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         Returns:
             As :meth:`try_claim`. The BLMOVE-d entry is missing from the deliveries when the
             sweep took it back first (the claim was lost; another consumer will run it).
+
+        Raises:
+            redis.ConnectionError, redis.TimeoutError: as :meth:`try_claim`.
         """
         _check_count(count)
         self._keep()
@@ -320,7 +328,8 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         return _text(reply) == "dead"
 
     def backoff_ms(self, deliveries: int) -> int:
-        """Full-jitter exponential backoff for a message run ``deliveries`` times."""
+        """Exponential backoff with jitter for a message run ``deliveries`` times: drawn
+        between half the capped exponential and all of it ("equal jitter")."""
         cap = min(self.config.retry_max_ms, self.config.retry_base_ms * 2 ** max(0, deliveries - 1))
         return random.randint(cap // 2, cap)
 

@@ -349,9 +349,9 @@ class Channel(stock.Channel):  # type: ignore[misc]
     # -- upkeep ------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """The guarded (fleet-wide once per period) sweep of every consumed queue."""
+        """The sweep of every consumed queue (each worker runs its own, bounded)."""
         for name in self.active_queues:
-            self.queue(name).sweep(guarded=True)
+            self.queue(name).sweep()
 
     def adopt_stock(self) -> None:
         """Requeue messages stock workers left unacked for ``stock_unacked_timeout``."""

@@ -23,10 +23,10 @@ stock: Any = _stock  # kombu's annotations are partial; Any to mypy --strict
 
 #: belayq's own options: name -> (default, what it is). Times are in seconds, like kombu's.
 BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
-    "max_deliveries": (5, "deliveries after which a message goes to the dead-letter list"),
-    "sweep_interval": (1.0, "fleet-wide period of the recovery sweep (s)"),
+    "max_deliveries": (5, "runs after which a failed message goes to the dead-letter set"),
+    "sweep_interval": (1.0, "period of each worker's recovery sweep (s)"),
     "lease_heartbeat_interval": (None, "how often held leases are extended (s; lease/3)"),
-    "dead_letter_max": (10_000, "cap of each queue's dead-letter list"),
+    "dead_letter_max": (10_000, "cap of each queue's dead-letter set"),
     "dead_letter_rejected": (True, "reject(requeue=False) dead-letters instead of dropping"),
     "claim_batch": (100, "most messages one claim takes when prefetch is unlimited"),
     "adopt_stock_unacked": (True, "requeue messages stock workers left in the unacked hash"),

@@ -329,7 +329,7 @@ class Poller:
     # -- upkeep (timers with the hub; piggybacked on empty polls without one) ------------
 
     def maybe_sweep(self, force: bool = False) -> None:
-        """Run the fleet-wide guarded sweep of every consumed queue, at most once per
+        """Run the sweep of every consumed queue, at most once per
         ``sweep_interval``; settle the kept claims whose tasks ended."""
         from .tags import KEPT
 
