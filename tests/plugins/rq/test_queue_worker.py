@@ -253,6 +253,37 @@ def test_claim_of_a_dead_consumer_comes_back_not_failed(conn: redis.Redis) -> No
     assert claim_of(again).delivery.deliveries == 2  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("execution_hash", [True, False], ids=["with-execution", "bare-entry"])
+def test_a_finished_job_with_a_late_started_record_stays_finished(
+    conn: redis.Redis, execution_hash: bool
+) -> None:
+    """Seen in the 10,000-task chaos run: a job finished, and an expired record of it was
+    back in StartedJobRegistry afterwards (a heartbeat re-sent by redis-py after a killed
+    connection). RQ's own cleanup would fail the FINISHED job as abandoned."""
+    q = belayq_rq.Queue("q", connection=conn)
+    job = q.enqueue(jobs.add, 2, 3, on_failure=Callback(jobs.on_failure_cb))
+    belayq_rq.SimpleWorker([q], connection=conn).work(burst=True)
+    assert job.get_status() == JobStatus.FINISHED
+    registry = StartedJobRegistry("q", connection=conn)
+    if execution_hash:
+        from rq.executions import Execution
+
+        with conn.pipeline() as pipe:
+            execution = Execution.create(job, ttl=60, pipeline=pipe)
+            pipe.execute()
+        assert execution.id in [e.id for e in job.get_executions()]
+        composite = execution.composite_key
+    else:
+        composite = f"{job.id}:gone-execution"
+    conn.zadd(registry.key, {composite: time.time() - 10})  # expired
+    assert job.id in registry.get_expired_job_ids()
+    belayq_rq.SimpleWorker([q], connection=conn).clean_registries()
+    assert job.get_status() == JobStatus.FINISHED and job.return_value() == 5
+    assert job.id not in FailedJobRegistry("q", connection=conn)
+    assert registry.get_expired_job_ids() == []
+    assert conn.lrange(f"callbacks:{job.id}", 0, -1) == []  # no on_failure either
+
+
 def test_live_claim_is_left_alone_by_sweep_and_maintenance(conn: redis.Redis) -> None:
     """Equivalent of test_no_cleanup_while_in_started_queue."""
     q = belayq_rq.Queue("q", connection=conn, lease_ms=300)

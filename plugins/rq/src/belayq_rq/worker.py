@@ -246,22 +246,35 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
 
 
 def _spare_requeued(queue: Queue) -> None:
-    """Remove RQ's expired started-registry records of jobs that wait in the queue again
-    (a lost attempt the sweep put back), so RQ's cleanup does not fail them."""
+    """Remove RQ's expired started-registry records of jobs that are not abandoned, so RQ's
+    cleanup does not fail them: a job that waits in the queue again (a lost attempt the
+    sweep put back), and a job that already ended (FINISHED, FAILED, STOPPED, CANCELED),
+    whose record a late execution heartbeat wrote back after the end (seen in the chaos
+    run: a connection killed under the worker's heartbeat, re-sent by redis-py after the
+    work horse's success)."""
     registry = queue.started_job_registry
     for job_id in set(registry.get_expired_job_ids()):
-        if queue.get_job_position(job_id) is None:
-            continue
+        waiting = queue.get_job_position(job_id) is not None
         try:
             job = queue.job_class.fetch(
                 job_id, connection=queue.connection, serializer=queue.serializer
             )
         except NoSuchJobError:
             continue
+        ended = job.get_status(refresh=False) in settle.SETTLED
+        if not (waiting or ended):
+            continue
         with queue.connection.pipeline() as pipe:
-            if settle.drop_stale_executions(job, pipe):
-                pipe.execute()
-        log.info("job %s: waits for redelivery; kept out of RQ's abandoned-job cleanup", job_id)
+            settle.drop_stale_executions(job, pipe)
+            # A record written back after the end may name an execution whose own hash is
+            # gone: remove the job's expired entries by their parsed job id (RQ's format).
+            expired: list[Any] = queue.connection.zrangebyscore(registry.key, 0, time.time())
+            stale = [e for e in expired if registry.parse_job_id(e) == job_id]
+            if stale:
+                pipe.zrem(registry.key, *stale)
+            pipe.execute()
+        log.info("job %s: %s; kept out of RQ's abandoned-job cleanup", job_id,
+                 "waits for redelivery" if waiting else f"already {job.get_status(refresh=False)}")
 
 
 class Worker(BelayqWorkerMixin, rq.worker.Worker):
