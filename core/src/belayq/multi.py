@@ -5,8 +5,8 @@ cannot block on them with one command. :func:`claim_any` first tries each queue 
 priority order with :meth:`ReliableQueue.try_claim` (one script each, no gap); when all
 are empty it blocks on every queue at the same time, with no polling:
 
-1. one pooled connection per queue sends ``CLIENT ID`` and the queue's
-   :meth:`~ReliableQueue.blmove_command`, pipelined;
+1. each queue's :class:`~belayq.blocking.BlockingClaim` sends its BLMOVE on a pooled
+   connection (which learned its ``CLIENT ID`` once);
 2. :mod:`selectors` waits on those sockets;
 3. on the first reply the other connections are released with ``CLIENT UNBLOCK`` (sent
    from the queues' ordinary clients) and their replies read too: each is nil or an entry
@@ -38,14 +38,13 @@ Clients without plain TCP or Unix sockets fall back to something slower but corr
 from __future__ import annotations
 
 import selectors
-import socket
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import redis
 
 from . import client_info
+from .blocking import BlockingClaim
 from .errors import ConfigError, ConnectionLost
 from .models import Delivery
 from .queue import ReliableQueue
@@ -54,7 +53,6 @@ FALLBACK_SLICE_S = 0.05
 """Longest wait of one fallback round (s): the pickup latency of the slower paths."""
 
 _ROUND_CAP_S = 60.0  # one blocking round at most; a dead socket cannot hang us for longer
-_CANCEL_GRACE_S = 5.0  # how long an unblocked connection may take to answer
 
 
 def claim_any(
@@ -178,127 +176,69 @@ def _wait_mode(queues: Sequence[ReliableQueue]) -> str:
     return "select"
 
 
-def _node_client(q: ReliableQueue) -> Any:
-    """The client of the server that holds ``q``'s keys (the queue's own client, or on a
-    cluster the client of the node that serves its slot)."""
-    client = q.client
-    if client_info.is_cluster(client):
-        node = client.get_node_from_key(q.keys.ready)
-        return client.get_redis_connection(node)
-    return client
-
-
 def _wait_first(q: ReliableQueue, wait: float) -> list[tuple[int, bytes]]:
     entry = q.client.execute_command(*q.blmove_command(wait))
     return [] if entry is None else [(0, bytes(entry))]
 
 
-class _Waiter:
-    """One queue's blocked BLMOVE on a connection of its own."""
-
-    def __init__(self, index: int, queue: ReliableQueue) -> None:
-        self.index = index
-        self.queue = queue
-        self.client: Any = _node_client(queue)
-        self.pool: Any = self.client.connection_pool
-        self.conn: Any = None
-        self.client_id: int | None = None
-        self.pending = False  # a BLMOVE reply is still to be read
-
-    def start(self, wait: float) -> None:
-        try:
-            self.conn = self.pool.get_connection()
-        except TypeError:  # redis-py < 5.3 wants a command name
-            self.conn = self.pool.get_connection("BLMOVE")
-        cmds = [("CLIENT", "ID"), self.queue.blmove_command(wait)]
-        self.conn.send_packed_command(self.conn.pack_commands(cmds))
-        self.pending = True
-        try:
-            self.client_id = int(self.conn.read_response())
-        except redis.ResponseError:  # no permission: this one gets closed, not unblocked
-            self.client_id = None
-
-    @property
-    def sock(self) -> socket.socket:
-        sock: socket.socket = self.conn._sock
-        return sock
-
-    def buffered(self) -> bool:
-        return bool(self.conn.can_read(timeout=0))
-
-    def read(self) -> bytes | None:
-        try:
-            reply = self.conn.read_response()
-        except redis.ResponseError:  # MOVED/ASK mid-resharding: the next try re-routes
-            reply = None
-        self.pending = False
-        return None if reply is None else bytes(reply)
-
-    def finish(self) -> None:
-        """Return the connection to its pool; close it first if a reply is outstanding."""
-        if self.conn is None:
-            return
-        if self.pending:
-            self.conn.disconnect()
-        self.pool.release(self.conn)
-        self.conn = None
-
-
 def _wait_select(queues: list[ReliableQueue], wait: float) -> list[tuple[int, bytes]]:
-    waiters = [_Waiter(i, q) for i, q in enumerate(queues)]
+    claims = [BlockingClaim(q) for q in queues]
     entries: list[tuple[int, bytes]] = []
     try:
-        for w in waiters:
-            w.start(wait)
-        _read_until_first(waiters, entries, wait + 1.0)
-        _cancel(waiters, entries)
+        for c in claims:
+            c.send(wait)
+        _read_until_first(claims, entries, wait + 1.0)
+        _cancel(claims, entries)
     finally:
-        for w in waiters:
-            w.finish()
+        for c in claims:
+            c.close()
     return entries
 
 
 def _read_until_first(
-    waiters: list[_Waiter], entries: list[tuple[int, bytes]], limit_s: float
+    claims: list[BlockingClaim], entries: list[tuple[int, bytes]], limit_s: float
 ) -> None:
     """Read replies until one is an entry, every queue answered nil, or ``limit_s``."""
     deadline = time.monotonic() + limit_s
+    index = {id(c): i for i, c in enumerate(claims)}
     with selectors.DefaultSelector() as sel:
-        for w in waiters:
-            sel.register(w.sock, selectors.EVENT_READ, w)
-        while not entries and any(w.pending for w in waiters):
-            ready = [w for w in waiters if w.pending and w.buffered()]
+        for c in claims:
+            sel.register(c.sock, selectors.EVENT_READ, c)
+        while not entries and any(c.waiting for c in claims):
+            ready = [c for c in claims if c.waiting and c.buffered()]
             if not ready:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return
                 ready = [key.data for key, _ in sel.select(left)]
-            for w in ready:
-                if not w.pending:
+            for c in ready:
+                if not c.waiting:
                     continue
-                entry = w.read()
-                sel.unregister(w.sock)
+                entry = c.read()
+                sel.unregister(c.sock)
                 if entry is not None:
-                    entries.append((w.index, entry))
+                    entries.append((index[id(c)], entry))
 
 
-def _cancel(waiters: list[_Waiter], entries: list[tuple[int, bytes]]) -> None:
-    """Unblock the BLMOVEs still waiting and collect what they return (nil or an entry)."""
-    pending = [w for w in waiters if w.pending and w.client_id is not None]
-    by_client: dict[int, list[_Waiter]] = {}
-    for w in pending:
-        by_client.setdefault(id(w.client), []).append(w)
+def _cancel(claims: list[BlockingClaim], entries: list[tuple[int, bytes]]) -> None:
+    """Unblock the BLMOVEs still waiting (one pipelined CLIENT UNBLOCK per server) and
+    collect what they return (nil or an entry)."""
+    pending = [(i, c) for i, c in enumerate(claims) if c.waiting and c.client_id is not None]
+    by_client: dict[int, list[BlockingClaim]] = {}
+    for _, c in pending:
+        by_client.setdefault(id(c.client), []).append(c)
+    refused: set[int] = set()
     for group in by_client.values():
         pipe = group[0].client.pipeline(transaction=False)
-        for w in group:
-            pipe.execute_command("CLIENT", "UNBLOCK", w.client_id)
+        for c in group:
+            pipe.execute_command("CLIENT", "UNBLOCK", c.client_id)
         try:
             pipe.execute()
         except redis.ResponseError:  # no permission: those connections get closed
-            for w in group:
-                w.client_id = None
-    for w in pending:
-        if w.client_id is not None and w.conn.can_read(timeout=_CANCEL_GRACE_S):
-            entry = w.read()
-            if entry is not None:
-                entries.append((w.index, entry))
+            refused.update(id(c) for c in group)
+    for i, c in pending:
+        if id(c) in refused:
+            c.client_id = None
+        entry = c.cancel(unblock=lambda _id: None)  # unblocked above: just read the answer
+        if entry is not None:
+            entries.append((i, entry))

@@ -214,8 +214,8 @@ class Channel(stock.Channel):  # type: ignore[misc]
         entry = waiter.read()
         if entry is None:
             waiter.hot = False
-            if not waiter.rq.config.bell and len(waiter.rq.keys.levels) > 1:
-                return self.claim_now(waiter)  # no bell wakes a claim for lower priorities
+            if waiter.claim.look_now(entry):
+                return self.claim_now(waiter)
             return False
         rq = waiter.rq
         credit = self.credit() if waiter.queue in self._active_queues else 0

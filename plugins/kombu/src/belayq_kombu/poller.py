@@ -1,11 +1,12 @@
 """The I/O side of the transport: one blocking claim per consumed queue, plus pub/sub.
 
-Each queue a channel consumes gets its own Redis connection (a :class:`Waiter`) on which the
-core's blocking claim (:meth:`~belayq.ReliableQueue.blmove_command`) is sent without waiting
-for the reply; the poller watches the sockets, with Celery's event loop (the hub) or,
-without one, with its own ``poll()``. When a reply is readable the waiting channel reads it
-and hands the entry to the core's ``lease_claimed``, which registers the lease and claims
-more ready messages in the same script, up to the channel's prefetch credit. Fanout queues
+Each queue a channel consumes gets a :class:`Waiter` holding the core's
+:class:`~belayq.blocking.BlockingClaim`, on a connection of its own, whose BLMOVE is sent
+without waiting for the reply; the poller watches the sockets, with Celery's event loop
+(the hub) or, without one, with its own ``poll()``. When a reply is readable the waiting
+channel reads it and hands the entry to the core's ``lease_claimed``, which registers the
+lease and claims more ready messages in the same script, up to the channel's prefetch
+credit. Fanout queues
 use the stock transport's PSUBSCRIBE connection.
 
 A blocking claim is only sent while the channel has credit. A reply that arrives after the
@@ -27,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 import redis
 from kombu.utils import eventio
 
+from belayq.blocking import BlockingClaim, pool_connection
+
 if TYPE_CHECKING:
     from belayq import Delivery, ReliableQueue
 
@@ -42,23 +45,16 @@ ERR: int = _eventio.ERR
 LISTEN = "LISTEN"
 
 
-def _pool_connection(pool: Any) -> Any:
-    try:
-        return pool.get_connection()
-    except TypeError:  # redis-py < 5.3 wants a command name
-        return pool.get_connection("_")
-
-
 class Waiter:
-    """One queue's blocking-claim connection of one channel."""
+    """One consumed queue of one channel: its blocking claim (the core's
+    :class:`~belayq.blocking.BlockingClaim`, on a connection of the channel's pool) and what
+    the consume policy knows about it."""
 
     def __init__(self, channel: Channel, queue: str, rq: ReliableQueue) -> None:
         self.channel = channel
         self.queue = queue
         self.rq = rq
-        self.conn: Any = None
-        self.client_id: int | None = None
-        self.sent_at: float | None = None
+        self.claim = BlockingClaim(rq, pool=channel.async_pool)
         #: The last claim took all it could: more is probably waiting, so claim without
         #: blocking (one script instead of a blocking claim plus a lease script).
         self.hot = False
@@ -66,31 +62,28 @@ class Waiter:
         #: by the next poll: at prefetch 1 a message costs one round trip, not two.
         self.ready: list[Delivery] = []
 
+    @property
+    def conn(self) -> Any:
+        return self.claim.conn
+
+    @property
+    def sent_at(self) -> float | None:
+        return self.claim.sent_at
+
     def socket(self) -> Any:
         """The connected socket, connecting (and learning the client id) if needed."""
-        if self.conn is None:
-            self.conn = _pool_connection(self.channel.async_pool)
-        if self.conn._sock is None:
-            self.sent_at = None
-            self.conn.connect()
-            self.conn.send_command("CLIENT", "ID")
-            self.client_id = int(self.conn.read_response())
-        return self.conn._sock
+        return self.claim.connect()
 
     def send(self, timeout: float) -> None:
-        self.conn.send_command(*self.rq.blmove_command(timeout))
-        self.sent_at = monotonic()
+        self.claim.send(timeout)
 
     def read(self) -> bytes | None:
         """The blocking claim's reply (an entry, or None on timeout)."""
-        try:
-            reply = self.conn.read_response()
-        except Exception:
-            self.conn.disconnect()
-            raise
-        finally:
-            self.sent_at = None
-        return reply if reply is None else bytes(reply)
+        return self.claim.read()
+
+    def lost(self) -> None:
+        """Its connection was closed under it: no reply will come."""
+        self.claim.sent_at = None
 
     def close(self, unblock: Callable[[int], Any] | None) -> bytes | None:
         """Stop waiting; returns an entry the pending claim had already taken, if any.
@@ -98,25 +91,16 @@ class Waiter:
         ``unblock`` (CLIENT UNBLOCK on another connection) makes a waiting claim return
         at once instead of after its timeout.
         """
-        conn, self.conn = self.conn, None
-        if conn is None:
-            return None
-        entry = None
         try:
-            if self.sent_at is not None and conn._sock is not None:
-                if unblock is not None and self.client_id is not None:
-                    unblock(self.client_id)
-                if conn.can_read(timeout=self.channel.brpop_timeout + 1):
-                    reply = conn.read_response()
-                    entry = None if reply is None else bytes(reply)
+            return self.claim.cancel(unblock, grace_s=self.channel.brpop_timeout + 1)
         except Exception:
             log.debug("closing the claim connection of %s", self.queue, exc_info=True)
+            return None
         finally:
-            self.sent_at = None
-            conn.disconnect()
             with contextlib.suppress(Exception):
-                self.channel.async_pool.release(conn)
-        return entry
+                if self.claim.conn is not None:
+                    self.claim.conn.disconnect()
+            self.claim.close()
 
 
 class Poller:
@@ -202,7 +186,7 @@ class Poller:
         for key, (_, conn) in list(self._socks.items()):
             if conn is connection:
                 if isinstance(key[1], Waiter):
-                    key[1].sent_at = None
+                    key[1].lost()
                 self._forget(key)
 
     # -- one poll cycle --------------------------------------------------------------
@@ -244,7 +228,7 @@ class Poller:
     def _listen(self, channel: Channel) -> None:
         client = channel.subclient
         if getattr(client, "connection", None) is None:
-            client.connection = _pool_connection(client.connection_pool)
+            client.connection = pool_connection(client.connection_pool)
         if client.connection._sock is None or (channel, LISTEN) not in self._socks:
             channel._in_listen = False
             if client.connection._sock is None:

@@ -1,0 +1,173 @@
+"""One queue's blocking claim on a connection of its own, for callers that wait on sockets.
+
+A consumer that waits on several queues at once (:func:`belayq.claim_any`) or inside an
+event loop (the kombu transport) cannot call :meth:`ReliableQueue.claim`, which blocks its
+thread. It sends the queue's ``BLMOVE`` (:meth:`ReliableQueue.blmove_command`) on a
+connection of its own, waits for the socket to become readable, reads the reply and hands
+an entry to :meth:`ReliableQueue.lease_claimed`. :class:`BlockingClaim` owns that
+connection and every step of it: connect (learning the connection's ``CLIENT ID``), send,
+read, cancel (``CLIENT UNBLOCK`` from another connection, or close) and return the
+connection to its pool.
+
+Between the BLMOVE and its lease an entry sits in the queue's landing zone, where the sweep
+gives it a provisional lease and returns it if the claimer dies: no step loses a message.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from time import monotonic
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from . import client_info
+
+if TYPE_CHECKING:
+    from .models import Delivery
+    from .queue import ReliableQueue
+
+#: How long a cancelled claim may take to answer before its connection is closed (s).
+CANCEL_GRACE_S = 5.0
+
+# A pooled connection remembers its socket's CLIENT ID here: (socket, id or None).
+_CLIENT_ID = "_belayq_client_id"
+
+
+def pool_connection(pool: Any) -> Any:
+    """A connection from a redis-py pool (redis-py before 5.3 wants a command name)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("BLMOVE")
+
+
+def node_client(queue: ReliableQueue) -> Any:
+    """The client of the server that holds ``queue``'s keys: the queue's own client, or on
+    a cluster the client of the node that serves its slot."""
+    client = queue.client
+    if client_info.is_cluster(client):
+        node = client.get_node_from_key(queue.keys.ready)
+        return client.get_redis_connection(node)
+    return client
+
+
+class BlockingClaim:
+    """``queue``'s BLMOVE on a connection taken from ``pool`` (default: the pool of the
+    client that holds the queue's keys)."""
+
+    def __init__(self, queue: ReliableQueue, pool: Any = None) -> None:
+        self.queue = queue
+        self.client: Any = node_client(queue)
+        self.pool: Any = pool if pool is not None else self.client.connection_pool
+        self.conn: Any = None
+        self.client_id: int | None = None
+        #: When the outstanding BLMOVE was sent (monotonic s); None when none is.
+        self.sent_at: float | None = None
+
+    @property
+    def waiting(self) -> bool:
+        """Whether a BLMOVE was sent and its reply is still to be read."""
+        return self.sent_at is not None
+
+    def connect(self) -> socket.socket:
+        """The connection's socket, connecting first if needed. The connection's
+        ``CLIENT ID`` (None when the server refuses it) is learned once per socket."""
+        if self.conn is None:
+            self.conn = pool_connection(self.pool)
+        if self.conn._sock is None:
+            self.sent_at = None
+            self.conn.connect()
+        known = getattr(self.conn, _CLIENT_ID, None)
+        if known is None or known[0] is not self.conn._sock:
+            self.conn.send_command("CLIENT", "ID")
+            try:
+                client_id: int | None = int(self.conn.read_response())
+            except redis.ResponseError:  # no permission: cancelling closes it instead
+                client_id = None
+            known = (self.conn._sock, client_id)
+            setattr(self.conn, _CLIENT_ID, known)
+        self.client_id = known[1]
+        return self.sock
+
+    @property
+    def sock(self) -> socket.socket:
+        sock: socket.socket = self.conn._sock
+        return sock
+
+    def send(self, timeout: float) -> None:
+        """Send the queue's BLMOVE, waiting up to ``timeout`` s (connects if needed)."""
+        self.connect()
+        self.conn.send_command(*self.queue.blmove_command(timeout))
+        self.sent_at = monotonic()
+
+    def buffered(self) -> bool:
+        """Whether a reply is already buffered (a select would not report it)."""
+        return bool(self.conn.can_read(timeout=0))
+
+    def read(self) -> bytes | None:
+        """The BLMOVE's reply: an entry now in the queue's landing zone (pass it to
+        :meth:`lease`), or None (timed out, or redirected by a cluster mid-resharding: the
+        next non-blocking claim re-routes). A connection error closes the connection."""
+        try:
+            reply = self.conn.read_response()
+        except redis.ResponseError:  # MOVED/ASK
+            reply = None
+        except Exception:
+            self.conn.disconnect()
+            raise
+        finally:
+            self.sent_at = None
+        return None if reply is None else bytes(reply)
+
+    def lease(self, entry: bytes, count: int = 1) -> tuple[list[Delivery], int]:
+        """Lease ``entry`` and claim up to ``count - 1`` more (see ``lease_claimed``)."""
+        return self.queue.lease_claimed(entry, count)
+
+    def look_now(self, entry: bytes | None) -> bool:
+        """Whether a claim without blocking should follow this reply: a BLMOVE watches the
+        first priority level only, and with the bell off (``bell=False``) nothing wakes it
+        when lower levels get work, so a timeout says nothing about them."""
+        return entry is None and not self.queue.config.bell and len(self.queue.keys.levels) > 1
+
+    def cancel(
+        self, unblock: Callable[[int], Any] | None = None, grace_s: float = CANCEL_GRACE_S
+    ) -> bytes | None:
+        """Stop an outstanding BLMOVE; returns the entry it had already taken, if any.
+
+        ``unblock`` sends ``CLIENT UNBLOCK <id>`` on another connection (default: the
+        queue's client), so the server answers at once; when it cannot (no client id, no
+        permission) or no answer comes within ``grace_s``, the connection is closed, and
+        whatever it took waits in the landing zone for the sweep.
+        """
+        if not self.waiting or self.conn is None or self.conn._sock is None:
+            self.sent_at = None
+            return None
+        if self.client_id is not None:
+            try:
+                (unblock or self._unblock)(self.client_id)
+            except redis.ResponseError:  # no permission for CLIENT UNBLOCK
+                self.client_id = None
+        if self.client_id is not None and self.conn.can_read(timeout=grace_s):
+            return self.read()
+        self.conn.disconnect()
+        self.sent_at = None
+        return None
+
+    def _unblock(self, client_id: int) -> None:
+        self.client.execute_command("CLIENT", "UNBLOCK", client_id)
+
+    def close(self) -> None:
+        """Give the connection back to its pool, closing it first if a reply is still
+        outstanding (a cancel that got no answer)."""
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        if self.sent_at is not None:
+            conn.disconnect()
+            self.sent_at = None
+        try:
+            self.pool.release(conn)
+        except Exception:  # a pool that was reset meanwhile
+            conn.disconnect()

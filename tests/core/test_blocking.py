@@ -1,0 +1,124 @@
+"""The core's one blocking claim (core/src/belayq/blocking.py), which claim_any and the
+kombu transport both wait with: send, read, lease, cancel, close."""
+
+from __future__ import annotations
+
+import selectors
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from belayq import ReliableQueue
+from belayq.blocking import BlockingClaim
+from tests.conftest import make_client
+
+
+@pytest.fixture(params=["redis", "redis62"])
+def client(request: pytest.FixtureRequest) -> Iterator[Any]:
+    c = make_client(request, request.param)
+    yield c
+    c.close()
+
+
+def readable(claim: BlockingClaim, timeout: float) -> bool:
+    with selectors.DefaultSelector() as sel:
+        sel.register(claim.sock, selectors.EVENT_READ)
+        return bool(sel.select(timeout))
+
+
+def test_a_blocked_claim_receives_and_leases_a_publish(make_queue: Any, client: Any) -> None:
+    q: ReliableQueue = make_queue(client)
+    claim = BlockingClaim(q)
+    claim.send(5.0)
+    assert claim.waiting and not readable(claim, 0.05)
+    msg_id = q.publish(b"hello")
+    assert readable(claim, 2.0)
+    entry = claim.read()
+    assert entry is not None and not claim.waiting
+    assert q.stats()["landing"] == 1  # between BLMOVE and its lease: in the landing zone
+    [d], _ = claim.lease(entry)
+    assert (d.id, d.payload) == (msg_id, b"hello")
+    assert q.stats()["landing"] == 0 and q.ack(d)
+    claim.close()
+
+
+def test_cancel_unblocks_at_once_and_the_connection_is_reused(
+    make_queue: Any, client: Any
+) -> None:
+    q: ReliableQueue = make_queue(client)
+    first = BlockingClaim(q)
+    first.send(30.0)
+    first_id = first.client_id
+    assert first_id is not None
+    started = time.monotonic()
+    assert first.cancel() is None
+    assert time.monotonic() - started < 2.0  # CLIENT UNBLOCK, not the 30 s timeout
+    first.close()
+    again = BlockingClaim(q)  # the pool hands back the same connection, id remembered
+    again.connect()
+    assert again.client_id == first_id
+    again.close()
+
+
+def test_cancel_returns_an_entry_the_claim_had_taken(make_queue: Any, client: Any) -> None:
+    q: ReliableQueue = make_queue(client)
+    claim = BlockingClaim(q)
+    claim.send(5.0)
+    msg_id = q.publish(b"raced")
+    assert readable(claim, 2.0)  # BLMOVE took it before the cancel
+    entry = claim.cancel()
+    assert entry is not None
+    [d], _ = claim.lease(entry)
+    assert d.id == msg_id and q.ack(d)
+    claim.close()
+
+
+def test_close_with_a_reply_outstanding_closes_the_connection(
+    make_queue: Any, client: Any
+) -> None:
+    q: ReliableQueue = make_queue(client)
+    claim = BlockingClaim(q)
+    claim.send(30.0)
+    conn = claim.conn
+    claim.close()
+    assert conn._sock is None  # never reused with a BLMOVE reply still due
+    assert claim.conn is None and not claim.waiting
+
+
+def test_a_cancel_the_server_refuses_closes_instead_and_loses_nothing(
+    make_queue: Any, client: Any
+) -> None:
+    q: ReliableQueue = make_queue(client, lease_ms=200)
+    claim = BlockingClaim(q)
+    claim.send(30.0)
+
+    def refused(_id: int) -> None:
+        import redis
+
+        raise redis.ResponseError("NOPERM this user has no permissions to run 'client|unblock'")
+
+    msg_id = q.publish(b"taken while cancelling")
+    assert readable(claim, 2.0)
+    assert claim.cancel(unblock=refused) is None  # closed: its entry waits in the landing
+    assert claim.conn is not None and claim.conn._sock is None
+    claim.close()
+    assert q.stats()["landing"] == 1
+    q.sweep()  # a provisional lease of lease_ms ...
+    time.sleep(0.3)
+    q.sweep()  # ... then back to ready
+    [d] = q.claim(timeout=1)
+    assert d.id == msg_id and q.ack(d)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [({}, False), ({"bell": False}, True), ({"bell": False, "priority_steps": (0,)}, False)],
+)
+def test_look_now_is_the_bell_rule(
+    make_queue: Any, client: Any, options: dict[str, Any], expected: bool
+) -> None:
+    claim = BlockingClaim(make_queue(client, **options))
+    assert claim.look_now(None) is expected
+    assert claim.look_now(b"an entry") is False
