@@ -53,7 +53,7 @@ import redis
 import belayq
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
-from belayq.lease import KEEPER
+from belayq.keeper import KEEPER
 
 ROOT = Path(__file__).resolve().parent.parent
 

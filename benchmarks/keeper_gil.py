@@ -51,7 +51,7 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
-from belayq.lease import KEEPER
+from belayq.keeper import KEEPER
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP_PERIOD_S = 0.05

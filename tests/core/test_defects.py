@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from belayq import ConfigError, ConnectionLost, ReliableQueue
-from belayq.lease import KEEPER
-from belayq.multi import claim_any
+from belayq.claim_any import claim_any
+from belayq.keeper import KEEPER
 from tests.conftest import make_client
 
 

@@ -17,7 +17,7 @@ from belayq.embedded import (
     redis_server_binary,
     system_redis_server,
 )
-from belayq.lease import KEEPER
+from belayq.keeper import KEEPER
 from tests.conftest import unavailable
 from tests.events.workers import Proc
 

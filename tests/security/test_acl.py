@@ -16,9 +16,9 @@ from rq.job import JobStatus
 
 import belayq_rq
 from belayq import ConnectionLost, ReliableQueue
+from belayq.claim_any import claim_any
 from belayq.embedded import RedisServer
-from belayq.lease import KEEPER
-from belayq.multi import claim_any
+from belayq.keeper import KEEPER
 from tests.badinput.helpers import ROOT, CeleryWorker, celery_app, kombu_core, start_server
 from tests.plugins.rq import jobs
 from tests.plugins.rq.conftest import Workers, wait_for

@@ -14,7 +14,7 @@ from typing import Any
 
 from ._support import text as _text
 from .errors import ConnectionLost
-from .lease import KEEPER
+from .keeper import KEEPER
 from .models import Delivery, SweepResult
 
 log = logging.getLogger("belayq")

@@ -19,8 +19,8 @@ from .admin import QueueAdmin
 from .config import QueueConfig
 from .errors import ConfigError, RedisTooOld, SchemaMismatch
 from .holding import FORKABLE, HeldClaims
+from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, QueueKeys
-from .lease import KEEPER
 from .models import Delivery, SweepResult
 from .publishing import Publishing
 from .scripts import Arg, ScriptRunner

@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
-from belayq.lease import KEEPER
+from belayq.keeper import KEEPER
 from tests.conftest import unavailable
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -22,7 +22,7 @@ from rq.job import Job
 from rq.queue import Queue as RQQueue
 
 from belayq import ConnectionLost, Delivery, ReliableQueue
-from belayq.multi import claim_any
+from belayq.claim_any import claim_any
 
 from . import settle
 from .claims import Claim, attach, core_for

@@ -1,4 +1,4 @@
-"""belayq.multi.claim_any: priority order, blocking on several queues at once without
+"""belayq.claim_any.claim_any: priority order, blocking on several queues at once without
 polling, nothing lost when more than one queue answers, and its fallbacks.
 
 Idle pickup latencies are printed (``pytest -s``); the assertions are generous because
@@ -9,14 +9,32 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import redis
 
 from belayq import ReliableQueue
-from belayq.multi import FALLBACK_SLICE_S, claim_any
+from belayq.claim_any import FALLBACK_SLICE_S, claim_any
+from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
+from belayq.keeper import KEEPER
+
+
+@pytest.fixture(scope="module")
+def rq_server() -> Iterator[RedisServer]:
+    """A redis-server of this module (the tests count the server's blocked clients)."""
+    with RedisServer(system_redis_server() or redis_server_binary()) as server:
+        yield server
+
+
+@pytest.fixture
+def conn(rq_server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis(port=rq_server.port)
+    client.flushall()
+    yield client
+    KEEPER.stop_all()
+    client.close()
 
 
 def rq_like(client: Any, name: str, **options: Any) -> ReliableQueue:

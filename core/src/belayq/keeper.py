@@ -22,7 +22,7 @@ import threading
 import weakref
 from typing import Protocol
 
-log = logging.getLogger("belayq.lease")
+log = logging.getLogger("belayq.keeper")
 
 
 class KeptQueue(Protocol):
