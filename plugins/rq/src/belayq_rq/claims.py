@@ -4,7 +4,9 @@ and the claim a dequeued job carries to the code that settles it."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,6 +15,8 @@ from rq.job import Job
 from belayq import Delivery, ReliableQueue
 
 _ATTR = "_belayq_claim"
+#: Set by belayq_rq's workers while they dequeue and run maintenance (see :func:`driving`).
+_DRIVER: ContextVar[object | None] = ContextVar("belayq_rq_driver", default=None)
 _CACHE_ATTR = "_belayq_rq_cores"
 _lock = threading.Lock()
 
@@ -30,6 +34,21 @@ class Claim:
     core: ReliableQueue
     delivery: Delivery
     max_deliveries: int
+
+
+@contextmanager
+def driving(worker: object) -> Iterator[None]:
+    """Mark the calls made inside as a belayq_rq worker's (its dequeues and maintenance)."""
+    token = _DRIVER.set(worker)
+    try:
+        yield
+    finally:
+        _DRIVER.reset(token)
+
+
+def driven() -> bool:
+    """Whether a belayq_rq worker makes the current call (see :func:`driving`)."""
+    return _DRIVER.get() is not None
 
 
 def attach(job: Job, claim: Claim) -> None:

@@ -9,10 +9,8 @@ inside the transaction that records the job's outcome.
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Iterable, Mapping
-from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
@@ -25,7 +23,7 @@ from belayq import ConnectionLost, Delivery, ReliableQueue
 from belayq.claim_any import claim_any
 
 from . import settle
-from .claims import Claim, attach, core_for
+from .claims import Claim, attach, core_for, driven
 
 if TYPE_CHECKING:
     from rq.serializers import Serializer
@@ -80,7 +78,7 @@ class Queue(RQQueue):
         )
 
     def acquire_maintenance_lock(self) -> bool:
-        _refuse_stock_worker(inspect.currentframe(), self)
+        _refuse_stock_worker(self, by_a_worker=True)  # only workers run maintenance passes
         return bool(super().acquire_maintenance_lock())
 
     @classmethod
@@ -105,7 +103,7 @@ class Queue(RQQueue):
         first; one that already lost ``max_deliveries`` attempts goes to the
         FailedJobRegistry instead of being returned.
         """
-        _refuse_stock_worker(inspect.currentframe(), None)
+        _refuse_stock_worker(None, by_a_worker=death_penalty_class is not None)
         if timeout is not None and timeout == 0:
             raise ValueError(
                 "RQ does not support indefinite timeouts. Please pick a timeout value > 0"
@@ -221,31 +219,20 @@ def _hand_back(core: ReliableQueue, delivery: Delivery, reason: str) -> None:
         core.forget([delivery])
 
 
-def _refuse_stock_worker(frame: FrameType | None, queue: Queue | None) -> None:
+def _refuse_stock_worker(queue: Queue | None, by_a_worker: bool) -> None:
     """Refuse loudly when a worker that is not belayq's drives belayq queues.
 
     A stock ``rq.Worker`` given ``belayq_rq.Queue`` objects dequeues with RQ's own classmethod
-    and never acks; ``SpawnWorker`` runs its jobs with the stock classes in a fresh
-    interpreter. Both would leave claims unsettled, so they stop here, at their first
-    maintenance pass or dequeue, before any job is taken.
+    and never acks. belayq_rq's workers mark their dequeues and maintenance passes
+    (:func:`~belayq_rq.claims.driving`); an unmarked maintenance pass, or an unmarked dequeue
+    with ``death_penalty_class`` (which RQ's workers pass and direct callers do not), comes
+    from a stock worker, and stops here before any job is taken.
     """
-    from rq.worker import BaseWorker
-
-    from .worker import BelayqWorkerMixin
-
-    caller = frame.f_back if frame is not None else None
-    for _ in range(3):
-        if caller is None:
-            return
-        worker = caller.f_locals.get("self")
-        if isinstance(worker, BaseWorker):
-            if isinstance(worker, BelayqWorkerMixin):
-                return
-            raise TypeError(
-                f"{type(worker).__module__}.{type(worker).__qualname__} drives belayq_rq.Queue "
-                f"{queue.name if queue else ''!r} but is not a belayq_rq worker, so its jobs "
-                "would never be acked: run `rq worker -w belayq_rq.Worker` (or "
-                "belayq_rq.SimpleWorker); `rq worker-pool -w belayq_rq.Worker` works too. "
-                "SpawnWorker is not supported."
-            )
-        caller = caller.f_back
+    if not by_a_worker or driven():
+        return
+    raise TypeError(
+        f"a worker drives belayq_rq.Queue {queue.name if queue else ''!r} but is not a "
+        "belayq_rq worker, so its jobs would never be acked: run `rq worker -w "
+        "belayq_rq.Worker` (or belayq_rq.SimpleWorker); `rq worker-pool -w belayq_rq.Worker` "
+        "works too. SpawnWorker is not supported."
+    )

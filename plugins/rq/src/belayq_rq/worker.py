@@ -36,7 +36,7 @@ from rq.queue import Queue as RQQueue
 from belayq import BelayqError
 
 from . import settle
-from .claims import claim_of
+from .claims import claim_of, driving
 from .queue import Queue
 
 log = logging.getLogger("belayq_rq")
@@ -109,6 +109,16 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         queue_class = _upgrade_queue_class(type(self), kwargs.get("queue_class"))
         kwargs["queue_class"] = queue_class
         super().__init__(_upgrade_queues(queues, queue_class), *args, **kwargs)
+
+    # -- marking what this worker drives (the queues refuse stock workers) ---------------
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        with driving(self):
+            return bool(super().work(*args, **kwargs))
+
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        with driving(self):
+            return super().dequeue_job_and_maintain_ttl(*args, **kwargs)
 
     # -- settling inside RQ's transactions -----------------------------------------------
 
@@ -234,6 +244,10 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
 
     def clean_registries(self) -> None:
         """Sweep first, then let RQ clean; jobs the sweep put back are not abandoned."""
+        with driving(self):
+            self._clean_registries()
+
+    def _clean_registries(self) -> None:
         for queue in self.queues:
             if not isinstance(queue, Queue):
                 continue
