@@ -66,3 +66,107 @@ def test_the_key_detectors_catch_key_strings() -> None:
     assert KEY_LITERAL.search("f'{base}:processing'")
     assert FORBIDDEN_IN_ADAPTERS.search('client.evalsha(sha, 1, "belayq:{q}:leases")')
     assert not KEY_LITERAL.search('return "dead"')
+
+
+CONNECTION_CALLS = re.compile(r"\.send_command\(|\.read_response\(|get_connection\(|CLIENT.{0,3}ID")
+
+
+def test_adapters_open_no_claim_connection_of_their_own() -> None:
+    """Blocking claims go through the core's BlockingClaim; what an adapter may still open
+    itself is kombu's pub/sub (fanout) connection, through the core's pool_connection."""
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in adapter_sources()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if CONNECTION_CALLS.search(line)
+    ]
+    assert offenders == []
+
+
+CELERY_INTERNALS = re.compile(
+    r"celery\.worker|worker\.state|_apply_result|billiard|active_requests|reserved_requests"
+    r"|celery\.signals"
+)
+
+
+def test_celery_internals_are_read_in_celery_state_only() -> None:
+    offenders = [
+        f"{p.relative_to(ROOT)}:{n}: {line.strip()}"
+        for p in (ROOT / "plugins/kombu/src/belayq_kombu").glob("*.py")
+        if p.name != "celery_state.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if CELERY_INTERNALS.search(line)
+    ]
+    assert offenders == []
+
+
+def _runtime_text(text: str) -> str:
+    """``text`` without its ``if TYPE_CHECKING:`` blocks (annotations only, never run)."""
+    out, skipping = [], False
+    for line in text.splitlines():
+        if line.startswith("if TYPE_CHECKING:"):
+            skipping = True
+            continue
+        if skipping and (line.startswith((" ", "\t")) or not line.strip()):
+            continue
+        skipping = False
+        out.append(line)
+    return "\n".join(out)
+
+
+def _package_imports(package: Path) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports when it runs, at any depth (a
+    function-level import counts: it is a cycle all the same, only deferred)."""
+    name = package.name
+    modules = {p.stem for p in package.glob("*.py")}
+    out: dict[str, set[str]] = {}
+    for p in package.glob("*.py"):
+        found: set[str] = set()
+        text = _runtime_text(p.read_text())
+        for m in re.finditer(r"^\s*from \.(\w*) import ([\w, ]+)", text, re.M):
+            if m.group(1):
+                found.add(m.group(1))
+            else:  # from . import a, b
+                found.update(x.strip() for x in m.group(2).split(","))
+        for m in re.finditer(rf"^\s*(?:from|import) {name}\.(\w+)", text, re.M):
+            found.add(m.group(1))
+        out[p.stem] = (found & modules) - {p.stem}
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path, node, nxt]
+            if nxt not in state:
+                found = visit(nxt, [*path, node])
+                if found:
+                    return found
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node, [])
+            if found:
+                return found
+    return None
+
+
+PACKAGES = ["core/src/belayq", "plugins/kombu/src/belayq_kombu", "plugins/rq/src/belayq_rq"]
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    deferred = "def f():\n    from .a import x\nif TYPE_CHECKING:\n    from .b import y\n"
+    assert _runtime_text(deferred).count("from .") == 1
+
+
+def test_no_import_cycle_inside_a_package() -> None:
+    cycles = {pkg: _cycle(_package_imports(ROOT / pkg)) for pkg in PACKAGES}
+    assert {pkg: c for pkg, c in cycles.items() if c} == {}

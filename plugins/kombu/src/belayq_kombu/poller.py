@@ -1,7 +1,7 @@
 """The I/O side of the transport: one blocking claim per consumed queue, plus pub/sub.
 
 Each queue a channel consumes gets a :class:`Waiter` holding the core's
-:class:`~belayq.blocking.BlockingClaim`, on a connection of its own, whose BLMOVE is sent
+:class:`~belayq.blocking.BlockingClaim`, on a connection of its own, whose blocking claim is sent
 without waiting for the reply; the poller watches the sockets, with Celery's event loop
 (the hub) or, without one, with its own ``poll()``. When a reply is readable the waiting
 channel reads it and hands the entry to the core's ``lease_claimed``, which registers the
