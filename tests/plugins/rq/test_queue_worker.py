@@ -418,3 +418,31 @@ def test_stock_worker_with_belayq_queues_refuses_before_taking_a_job(
     with pytest.raises(TypeError, match="not a belayq_rq worker"):
         stock = rq.worker.SimpleWorker([q], connection=conn, queue_class=belayq_rq.Queue)
         stock.dequeue_job_and_maintain_ttl(None)
+
+
+def test_a_claim_that_cannot_be_handed_back_is_retried_by_the_keeper(
+    conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis goes away between the claim and loading the job: the adapter's hand-back goes
+    to the core's retry_later (held and extended meanwhile), and a keeper beat lands it."""
+    import belayq_rq.queue as rq_queue
+    from belayq import ConnectionLost
+
+    q = belayq_rq.Queue("q", connection=conn)
+    job = q.enqueue(jobs.add, 1, 2)
+    core = q.belayq()
+
+    def away(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionLost("simulated outage")
+
+    monkeypatch.setattr(rq_queue, "_load", away)
+    real_nack = core.nack
+    monkeypatch.setattr(core, "nack", away)
+    with pytest.raises(redis.ConnectionError):
+        belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    assert core.unsettled == 1 and len(core.held) == 1
+    assert q.job_ids == []  # still claimed, not lost
+    monkeypatch.setattr(core, "nack", real_nack)
+    core.heartbeat()  # what the keeper's next beat does
+    assert core.unsettled == 0 and core.held == []
+    assert q.job_ids == [job.id]

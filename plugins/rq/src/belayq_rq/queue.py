@@ -211,10 +211,13 @@ def _load(
 
 
 def _hand_back(core: ReliableQueue, delivery: Delivery, reason: str) -> None:
-    """Give a claim back now; if Redis will not take it, stop extending its lease so the
-    sweep brings it back."""
+    """Give a claim back now; if Redis cannot be reached, the core's lease keeper retries
+    (``retry_later``); on any other error, stop extending its lease so the sweep brings it
+    back."""
     try:
         core.nack(delivery, delay_ms=0, reason=reason)
+    except ConnectionLost:
+        core.retry_later("nack", [delivery], reason)
     except Exception:
         core.forget([delivery])
 
