@@ -160,11 +160,16 @@ def test_round_trips_per_job_at_most_one_more_than_stock(conn: redis.Redis) -> N
             Connection.send_packed_command = original  # type: ignore[method-assign]
         return count[0] / n
 
+    class Lean(belayq_rq.FewerRoundTripsMixin, belayq_rq.SimpleWorker):
+        pass
+
     stock = trips(rq.worker.SimpleWorker, rq.Queue)
     ours = trips(belayq_rq.SimpleWorker, belayq_rq.Queue)
+    lean = trips(Lean, belayq_rq.Queue)
     print(f"\nround trips per job (SimpleWorker, incl. start/stop over 20 jobs): "
-          f"stock {stock:.2f}, belayq {ours:.2f}")
+          f"stock {stock:.2f}, belayq {ours:.2f}, belayq + FewerRoundTripsMixin {lean:.2f}")
     assert ours <= stock + 1
+    assert lean <= ours - 5  # the opt-in drops RQ's repeated heartbeats and state writes
 
 
 # -- dequeue_any: RQ's contract ------------------------------------------------------------

@@ -7,7 +7,14 @@ Use ``rq worker -w belayq_rq.Worker`` (or ``belayq_rq.SimpleWorker``), or build
 """
 
 from .queue import Queue
-from .worker import BelayqWorkerMixin, HerokuWorker, SimpleWorker, Worker
+from .worker import BelayqWorkerMixin, FewerRoundTripsMixin, HerokuWorker, SimpleWorker, Worker
 
-__all__ = ["BelayqWorkerMixin", "HerokuWorker", "Queue", "SimpleWorker", "Worker"]
+__all__ = [
+    "BelayqWorkerMixin",
+    "FewerRoundTripsMixin",
+    "HerokuWorker",
+    "Queue",
+    "SimpleWorker",
+    "Worker",
+]
 __version__ = "0.1.0"

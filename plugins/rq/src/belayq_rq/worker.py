@@ -14,9 +14,9 @@ What they add to RQ's workers:
   instead of failing it; after ``max_deliveries`` lost attempts it goes to the
   FailedJobRegistry;
 * each maintenance pass first runs belayq's sweep, and spares from RQ's abandoned-job
-  cleanup the jobs that the sweep already put back in their queue;
-* RQ's own bookkeeping repeats within a millisecond (three heartbeats and two identical
-  state writes per job) are sent once: 11 round trips per job instead of RQ's 19.
+  cleanup the jobs that the sweep already put back in their queue, and jobs that ended.
+
+:class:`FewerRoundTripsMixin` (opt-in) sends RQ's own bookkeeping repeats once.
 """
 
 from __future__ import annotations
@@ -96,8 +96,6 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
     queue_class = Queue
     _belayq_lost: str | None = None
     _belayq_killed_on_purpose = False
-    _belayq_beat_at = float("-inf")
-    _belayq_state_at: tuple[str, float] = ("", float("-inf"))
 
     def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
         spawn = getattr(rq.worker, "SpawnWorker", None)  # rq >= 2.2
@@ -214,32 +212,6 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             return True
         return isinstance(exc, SystemExit) and bool(getattr(self, "_stop_requested", False))
 
-    # -- fewer round trips for RQ's own bookkeeping ------------------------------------
-    # A stock worker sends three heartbeats (two round trips each) and writes the same
-    # "idle" state twice around every job, within a millisecond. Repeats within
-    # _REPEAT_S are dropped: the worker key's TTL is minutes, so nothing observable
-    # changes, and the saved round trips pay for the claim and ack scripts.
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        now = time.monotonic()
-        if pipeline is not None:
-            super().heartbeat(timeout, pipeline=pipeline)
-        elif timeout is None and now - self._belayq_beat_at < _REPEAT_S:
-            return
-        else:
-            with self.connection.pipeline(transaction=False) as pipe:
-                super().heartbeat(timeout, pipeline=pipe)
-                pipe.execute()
-        self._belayq_beat_at = now
-
-    def set_state(self, state: str, pipeline: Any = None) -> None:
-        now = time.monotonic()
-        last_state, at = self._belayq_state_at
-        if pipeline is None and state == last_state == self._state and now - at < _REPEAT_S:
-            return
-        super().set_state(state, pipeline=pipeline)
-        self._belayq_state_at = (state, now)
-
     # -- maintenance ---------------------------------------------------------------------
 
     def clean_registries(self) -> None:
@@ -289,6 +261,42 @@ def _spare_requeued(queue: Queue) -> None:
             pipe.execute()
         log.info("job %s: %s; kept out of RQ's abandoned-job cleanup", job_id,
                  "waits for redelivery" if waiting else f"already {job.get_status(refresh=False)}")
+
+
+class FewerRoundTripsMixin(rq.worker.BaseWorker):
+    """Opt-in: RQ's own bookkeeping repeats within ``_REPEAT_S`` are sent once.
+
+    A stock worker sends three heartbeats (two round trips each) and writes the same "idle"
+    state twice around every job, within a millisecond. This drops the repeats; the worker
+    key's TTL is minutes, so nothing observable changes. A SimpleWorker job then costs 11
+    round trips instead of 19 (``tests/plugins/rq/test_queue_worker.py`` prints both). It
+    changes RQ's behaviour, not belayq's guarantees, so it is not in the default workers::
+
+        class Worker(belayq_rq.FewerRoundTripsMixin, belayq_rq.Worker): ...
+    """
+
+    _belayq_beat_at = float("-inf")
+    _belayq_state_at: tuple[str, float] = ("", float("-inf"))
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        now = time.monotonic()
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline=pipeline)
+        elif timeout is None and now - self._belayq_beat_at < _REPEAT_S:
+            return
+        else:
+            with self.connection.pipeline(transaction=False) as pipe:
+                super().heartbeat(timeout, pipeline=pipe)
+                pipe.execute()
+        self._belayq_beat_at = now
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        now = time.monotonic()
+        last_state, at = self._belayq_state_at
+        if pipeline is None and state == last_state == self._state and now - at < _REPEAT_S:
+            return
+        super().set_state(state, pipeline=pipeline)
+        self._belayq_state_at = (state, now)
 
 
 class Worker(BelayqWorkerMixin, rq.worker.Worker):
