@@ -281,7 +281,7 @@ def test_a_finished_job_with_a_late_started_record_stays_finished(
     else:
         composite = f"{job.id}:gone-execution"
     conn.zadd(registry.key, {composite: time.time() - 10})  # expired
-    assert job.id in registry.get_expired_job_ids()
+    assert any(str(x).startswith(job.id) for x in registry.get_expired_job_ids())
     belayq_rq.SimpleWorker([q], connection=conn).clean_registries()
     assert job.get_status() == JobStatus.FINISHED and job.return_value() == 5
     assert job.id not in FailedJobRegistry("q", connection=conn)

@@ -231,6 +231,13 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         super().clean_registries()  # type: ignore[no-untyped-call]
 
 
+def _job_id_of(queue: Queue, entry: str) -> str:
+    """The job id of a started-registry entry, whichever form this rq version answers."""
+    if ":" not in entry or queue.connection.exists(queue.job_class.key_for(entry)):
+        return entry
+    return entry.rsplit(":", 1)[0]
+
+
 def _spare_requeued(queue: Queue) -> None:
     """Remove RQ's expired started-registry records of jobs that are not abandoned, so RQ's
     cleanup does not fail them: a job that waits in the queue again (a lost attempt the
@@ -239,7 +246,9 @@ def _spare_requeued(queue: Queue) -> None:
     run: a connection killed under the worker's heartbeat, re-sent by redis-py after the
     work horse's success)."""
     registry = queue.started_job_registry
-    for job_id in set(registry.get_expired_job_ids()):
+    # rq 2.0 answers "job_id:execution_id" entries; later versions answer job ids.
+    expired_ids = {_job_id_of(queue, str(x)) for x in registry.get_expired_job_ids()}
+    for job_id in expired_ids:
         waiting = queue.get_job_position(job_id) is not None
         try:
             job = queue.job_class.fetch(
