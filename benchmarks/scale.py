@@ -61,7 +61,7 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
-from belayq.scripts import SCRIPT_COMMANDS
+from belayq.sources import SCRIPT_COMMANDS
 from benchmarks.core_bench import environment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -42,7 +42,7 @@ import redis
 import redis.client
 
 from belayq import ReliableQueue
-from belayq.scripts import script_of
+from belayq.sources import script_of
 
 
 class Killer:

@@ -272,7 +272,7 @@ class ReplyLoss:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, name: str, target: str) -> None:
         from redis.connection import AbstractConnection
 
-        from belayq.scripts import script_of
+        from belayq.sources import script_of
 
         self.fired = 0
         send, read = AbstractConnection.send_command, AbstractConnection.read_response

@@ -123,23 +123,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
                 "schema 1')."
             )
         if self.config.wait_replicas:
-            self._scripts.wait_command = self._wait_command(versions)
-
-    def _wait_command(self, versions: list[str]) -> tuple[Arg, ...]:
-        c = self.config
-        has_waitaof = bool(versions) and all(
-            client_info.version_tuple(v) >= (7, 2) for v in versions
-        )
-        aof = c.wait_aof
-        if aof is None:
-            aof = has_waitaof and client_info.aof_enabled(self.client)
-        elif aof and not has_waitaof:
-            raise ConfigError(
-                f"wait_aof=True needs WAITAOF (Redis 7.2+); the server runs {versions or '?'}"
-            )
-        if aof:
-            return ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
-        return ("WAIT", c.wait_replicas, c.wait_timeout_ms)
+            self._scripts.wait_for_replicas(versions)
 
     # -- consuming -------------------------------------------------------------------
 

@@ -1,11 +1,7 @@
-"""Loads the Lua transitions from ``lua/`` and runs them: as functions of belayq's Redis
-FUNCTION library (FCALL, Redis 7.0+ on one server) or as scripts (EVALSHA).
-
-Each script file is one transition and opens with its contract block. ``-- @include name``
-lines name the ``lua/includes/name.lua`` it uses (each pasted once, its own includes first).
-The ``KEYS[i] <role>`` lines of the contract block are the script's key vector: the runner
-reads them, so the keys each script is given and the keys its header names cannot drift
-apart. As a library, the includes are defined once when it loads; as a script, on every call.
+"""Runs the Lua transitions (built by :mod:`belayq.sources`): as functions of belayq's Redis
+FUNCTION library (FCALL, Redis 7.0+ on one server) or as scripts (EVALSHA), each with the
+key vector its contract block names. As a library the includes are defined once when it
+loads; as a script, on every call.
 
 The transitions survive a server that lost them (restart, failover, ``SCRIPT FLUSH``,
 ``FUNCTION FLUSH``): a call that finds its script or function missing ran nothing, so the
@@ -15,12 +11,8 @@ own transaction (RQ's MULTI) is sent as EVAL with the script's text, which no lo
 
 from __future__ import annotations
 
-import hashlib
-import re
 import time
 from collections.abc import Callable, Sequence
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import redis
@@ -30,26 +22,10 @@ from . import client_info
 from .config import QueueConfig
 from .errors import ConfigError, ConnectionLost, DurabilityError
 from .keys import QueueKeys
+from .sources import SCRIPT_NAMES, key_roles, library, sha, source
 
 Arg = str | bytes | int | float
 
-_INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
-_KEY = re.compile(r"KEYS\[(\d+)(\.\.)?\]\s+(\w+)")
-_SAME_KEYS = re.compile(r"^-- KEYS: as (\w+)\.lua", re.MULTILINE)
-SCRIPT_NAMES = (
-    "publish",
-    "claim",
-    "lease",
-    "ack",
-    "nack",
-    "extend",
-    "release",
-    "sweep",
-    "replay",
-    "purge",
-    "drop",
-    "stats",
-)
 #: Errors a cluster answers while a slot moves: the script ran nothing; run it again.
 _REDIRECTS: tuple[type[Exception], ...] = tuple(
     getattr(redis.exceptions, n)
@@ -64,111 +40,6 @@ def _lost_scripts(reply: Any) -> bool:
     return isinstance(reply, NoScriptError) or (
         isinstance(reply, redis.ResponseError) and str(reply).startswith("Function not found")
     )
-
-
-def _lua_dir() -> Any:
-    return resources.files("belayq") / "lua"
-
-
-def _text(path: Any) -> str:
-    return str(path.read_text(encoding="utf-8"))
-
-
-def _own_text(name: str) -> str:
-    """Script ``name``'s own statements (its file without the include lines)."""
-    return _INCLUDE.sub("", _text(_lua_dir() / f"{name}.lua"))
-
-
-def _includes(text: str, done: list[str]) -> list[str]:
-    """Append to ``done`` the includes ``text`` names, not yet in it, dependencies first."""
-    for inc in _INCLUDE.findall(text):
-        if inc not in done:
-            _includes(_text(_lua_dir() / "includes" / f"{inc}.lua"), done)
-            done.append(inc)
-    return done
-
-
-def _pasted(includes: list[str]) -> str:
-    return "\n".join(
-        _INCLUDE.sub("", _text(_lua_dir() / "includes" / f"{inc}.lua")) for inc in includes
-    )
-
-
-@cache
-def source(name: str) -> str:
-    """The full text of script ``name``: its includes (each once, dependencies first), the
-    reading of the common arguments, then its own statements."""
-    includes = _includes(_text(_lua_dir() / f"{name}.lua"), [])
-    if "context" not in includes:
-        raise ValueError(f"{name}.lua must include context (directly or not)")
-    return f"{_pasted(includes)}\nread_context()\n{_own_text(name)}"
-
-
-@cache
-def sha(name: str) -> str:
-    """SHA1 of script ``name`` as Redis computes it for EVALSHA."""
-    return hashlib.sha1(source(name).encode("utf-8")).hexdigest()
-
-
-@cache
-def library() -> tuple[str, str]:
-    """belayq's Redis FUNCTION library: ``(name, code)``. The includes are defined once, when
-    the library loads, not on every call as a script's are; each script is a function
-    ``<library name>_<script>`` that sets KEYS and ARGV and runs the script's statements.
-    The name carries a digest of the code, so two versions of belayq can share a server."""
-    includes: list[str] = []
-    for name in SCRIPT_NAMES:
-        _includes(_text(_lua_dir() / f"{name}.lua"), includes)
-    parts = ["local KEYS, ARGV", _pasted(includes)]
-    for name in SCRIPT_NAMES:
-        parts.append(f"local function script_{name}()\n{_own_text(name)}\nend")
-    body = "\n".join(parts)
-    lib = "belayq_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:12]
-    registrations = "\n".join(
-        f"redis.register_function('{lib}_{name}', function(keys, args)\n"
-        f"  KEYS, ARGV = keys, args\n  read_context()\n  return script_{name}()\nend)"
-        for name in SCRIPT_NAMES
-    )
-    return lib, f"#!lua name={lib}\n{body}\n{registrations}\n"
-
-
-@cache
-def key_roles(name: str) -> tuple[str, ...]:
-    """The key roles of script ``name`` in KEYS order, from its contract block; ``levels``
-    (always last) stands for every ready list."""
-    text = (_lua_dir() / f"{name}.lua").read_text(encoding="utf-8")
-    same = _SAME_KEYS.search(text)
-    if same:
-        return key_roles(same.group(1))
-    header = "\n".join(line for line in text.splitlines() if line.startswith("--"))
-    roles: dict[int, str] = {}
-    for index, rest, role in _KEY.findall(header):
-        roles[int(index)] = role
-        if rest and role != "levels":
-            raise ValueError(f"{name}.lua: only 'levels' may take KEYS[{index}..]")
-    order = [roles[i] for i in sorted(roles)]
-    if sorted(roles) != list(range(1, len(roles) + 1)):
-        raise ValueError(f"{name}.lua: KEYS roles are not numbered 1..n: {roles}")
-    return tuple(order)
-
-
-def script_of(command: Sequence[Any]) -> str | None:
-    """The name of the belayq transition a command (as given to ``execute_command``) runs:
-    an EVALSHA of one of the scripts, or an FCALL of the library; else None."""
-    if len(command) < 2:
-        return None
-    verb = command[0].decode() if isinstance(command[0], bytes) else str(command[0])
-    target = command[1].decode() if isinstance(command[1], bytes) else str(command[1])
-    if verb.upper() == "EVALSHA":
-        return next((n for n in SCRIPT_NAMES if sha(n) == target), None)
-    prefix = library()[0] + "_"
-    if verb.upper() == "FCALL" and target.startswith(prefix):
-        return target[len(prefix) :]
-    return None
-
-
-#: The commands that run belayq's transitions, as INFO commandstats names them.
-SCRIPT_COMMANDS = ("evalsha", "fcall")
 
 
 class ScriptRunner:
@@ -187,7 +58,7 @@ class ScriptRunner:
         self.skew_ms = 0  # tests move the queue's clock with this; always 0 in production
         self.vectors = {n: self._vector(n) for n in SCRIPT_NAMES}
         self.cluster = client_info.is_cluster(client)
-        self.wait_command: tuple[Arg, ...] | None = None  # set by the queue (durability)
+        self.wait_command: tuple[Arg, ...] | None = None  # see wait_for_replicas
         # FCALL of belayq's function library (Redis 7.0+, one server) or EVALSHA; decided
         # on the first call (see _pick_functions).
         self._functions: bool | None = None if config.lua_functions is not False else False
@@ -320,6 +191,26 @@ class ScriptRunner:
         pipe.execute_command(*self.wait_command)
         reply, confirmed = pipe.execute(raise_on_error=False)
         return reply, confirmed
+
+    def wait_for_replicas(self, versions: list[str]) -> None:
+        """Make durable calls wait for ``wait_replicas`` replicas: WAITAOF (their disks and
+        the primary's) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
+        appendonly on; else WAIT."""
+        c = self.config
+        has_waitaof = bool(versions) and all(
+            client_info.version_tuple(v) >= (7, 2) for v in versions
+        )
+        aof = c.wait_aof
+        if aof is None:
+            aof = has_waitaof and client_info.aof_enabled(self.client)
+        elif aof and not has_waitaof:
+            raise ConfigError(
+                f"wait_aof=True needs WAITAOF (Redis 7.2+); the server runs {versions or '?'}"
+            )
+        if aof:
+            self.wait_command = ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
+        else:
+            self.wait_command = ("WAIT", c.wait_replicas, c.wait_timeout_ms)
 
     def _check_durable(self, confirmed: Any) -> None:
         wanted = self.config.wait_replicas
