@@ -27,7 +27,7 @@ def consumer_process(
     """A child that consumes ``queue`` without acking, printing 'got <payload>' per message."""
     code = "\n".join([
         "import sys, socket, kombu, belayq_kombu",
-        "from belayq_kombu import poller, transport",
+        "from belayq_kombu import consume, transport",
         patch,
         textwrap.dedent(f"""
             q = kombu.Queue({queue!r}, routing_key={queue!r})
@@ -102,12 +102,12 @@ def test_kill9_between_the_blocking_claim_and_its_lease(url: str, port: int, kq:
     # back.
     patch = textwrap.dedent("""
         import os
-        _send = poller.Waiter.send
+        _send = consume.Waiter.send
         def send(self, timeout):
             _send(self, timeout)
             print("waiting", flush=True)
-        poller.Waiter.send = send
-        transport.Channel.on_claim_readable = lambda self, w: os.kill(os.getpid(), 9)
+        consume.Waiter.send = send
+        consume.Consume.on_reply = lambda self, w: os.kill(os.getpid(), 9)
     """)
     child = consumer_process(url, kq, prefetch=1, patch=patch)
     try:
@@ -225,11 +225,11 @@ def test_a_kept_claim_whose_task_is_gone_is_released(url: str, port: int, kq: st
     publish(url, q, [{"kept": 1}])
     with kombu.Connection(url) as conn:
         [m] = drain(conn, [q], 1, ack=False, prefetch_count=1)
-        table = conn.transport.claims
-        claims.KEPT.keep([m.delivery_tag], table, 3600)
-        claims.KEPT.check()
+        kept = conn.transport.claims.kept
+        kept.keep([m.delivery_tag], 3600)
+        claims.check_kept()
         assert stats(port, kq)["in_flight"] == 1  # seen once: not yet
-        claims.KEPT.check()
-        assert len(claims.KEPT) == 0
+        claims.check_kept()
+        assert len(kept) == 0
         s = stats(port, kq)
         assert (s["ready"], s["in_flight"]) == (1, 0)

@@ -3,9 +3,9 @@
 What stays stock (inherited): URL and connection handling, the binding table, fanout over
 pub/sub (Celery's remote control, ``celery inspect`` and events), priorities' list names, the
 JSON envelope. What belayq replaces: publish (:meth:`ReliableQueue.publish`), the blocking
-pop (the core's blocking claim + ``lease_claimed``, see :mod:`.poller`), the unacked hash
-(leases the core keeps alive while the worker lives), ack/reject/restore (ack, nack,
-dead-letter, release), and the visibility-timeout restore (the core's sweep).
+pop (the core's blocking claim + ``lease_claimed``, see :mod:`.poller` and :mod:`.consume`),
+the unacked hash (leases the core keeps alive while the worker lives), ack/reject/restore
+(ack, nack, dead-letter, release), and the visibility-timeout restore (the core's sweep).
 
 Each kombu queue is one :class:`~belayq.ReliableQueue` whose ready lists are kombu's own
 lists (``celery``, ``celery\\x06\\x163``, ...) holding the stock envelopes, so stock producers,
@@ -27,8 +27,8 @@ from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
 
-from . import celery_state, options
-from .poller import Waiter
+from . import options
+from .consume import Consume, Waiter
 from .qos import QoS
 from .tags import Tags, tag_of
 
@@ -90,6 +90,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         self._waiters: dict[str, Waiter] = {}
         self._no_ack_queues: set[str] = set()
         self.claims: Tags = self.connection.claims
+        self.consume = Consume(self)
         if float(self.visibility_timeout) > options.LONG_LEASE_S:
             log.warning(
                 "visibility_timeout=%s s is belayq's lease: a dead worker's tasks come back "
@@ -190,63 +191,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     def _unblock(self, client_id: int) -> None:
         self.core_client.client_unblock(client_id)
 
-    def credit(self) -> int:
-        """How many messages the next claim may take (prefetch credit, shared by queues)."""
-        qos = self.qos
-        if "can_consume" in vars(qos):  # Celery's worker_disable_prefetch patched it
-            return 1 if qos.can_consume() else 0
-        estimate = qos.can_consume_max_estimate()
-        if estimate is None:
-            return int(self.claim_batch)
-        share = -(-int(estimate) // max(1, len(self._waiters)))
-        return min(share, int(estimate), int(self.claim_batch))
-
-    def wants_more(self) -> bool:
-        """Whether to claim now. In a Celery worker whose pool still has prefetched tasks
-        waiting, claim only once half the prefetch credit is free: one claim then takes
-        several messages instead of one per finished task, and no pool process idles
-        meanwhile (it has waiting work)."""
-        waiting = celery_state.prefetched_waiting()
-        return waiting <= 0 or self.credit() >= max(1, int(self.qos.prefetch_count) // 2)
-
-    def on_claim_readable(self, waiter: Waiter) -> bool:
-        """Read a blocking claim's reply and deliver what the lease script claimed."""
-        entry = waiter.read()
-        if entry is None:
-            waiter.hot = False
-            if waiter.claim.look_now(entry):
-                return self.claim_now(waiter)
-            return False
-        rq = waiter.rq
-        credit = self.credit() if waiter.queue in self._active_queues else 0
-        if credit < 1:
-            deliveries, _ = rq.lease_claimed(entry, 1)
-            rq.release(deliveries)
-            waiter.hot = True
-            return False
-        deliveries, _ = rq.lease_claimed(entry, credit)
-        waiter.hot = len(deliveries) >= credit
-        return self._deliver(waiter.queue, rq, deliveries)
-
-    def claim_now(self, waiter: Waiter) -> bool:
-        """Claim what is waiting without blocking, up to the credit; True if delivered."""
-        credit = self.credit()
-        if credit < 1:
-            return False
-        deliveries, _ = waiter.rq.try_claim(credit)
-        waiter.hot = len(deliveries) >= credit
-        return bool(deliveries) and self._deliver(waiter.queue, waiter.rq, deliveries)
-
-    def deliver_ready(self, waiter: Waiter) -> bool:
-        """Deliver what the last ack's round trip claimed, within the credit left."""
-        ready, waiter.ready = waiter.ready, []
-        credit = max(0, self.credit()) if waiter.queue in self._active_queues else 0
-        if len(ready) > credit:
-            waiter.rq.release(ready[credit:])
-            ready = ready[:credit]
-        return bool(ready) and self._deliver(waiter.queue, waiter.rq, ready)
-
-    def _deliver(self, queue: str, rq: ReliableQueue, deliveries: list[Delivery]) -> bool:
+    def deliver(self, queue: str, rq: ReliableQueue, deliveries: list[Delivery]) -> bool:
         """Hand claimed messages to kombu; give back what a raising callback never saw."""
         if queue not in self.connection._callbacks:  # the consumer was cancelled meanwhile
             rq.release(deliveries)

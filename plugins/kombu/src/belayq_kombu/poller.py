@@ -1,18 +1,16 @@
-"""The I/O side of the transport: one blocking claim per consumed queue, plus pub/sub.
+"""The I/O side of the transport (kombu plumbing): kombu's poller contract
+(``on_poll_start``, ``on_readable``, ``handle_event``, ``get``) over one blocking claim per
+consumed queue, plus pub/sub.
 
-Each queue a channel consumes gets a :class:`Waiter` holding the core's
-:class:`~belayq.blocking.BlockingClaim`, on a connection of its own, whose blocking claim is sent
-without waiting for the reply; the poller watches the sockets, with Celery's event loop
-(the hub) or, without one, with its own ``poll()``. When a reply is readable the waiting
-channel reads it and hands the entry to the core's ``lease_claimed``, which registers the
-lease and claims more ready messages in the same script, up to the channel's prefetch
-credit. Fanout queues
+Each queue a channel consumes gets a :class:`~.consume.Waiter` holding the core's
+:class:`~belayq.blocking.BlockingClaim` on a connection of its own, whose blocking claim is
+sent without waiting for the reply; the poller watches the sockets, with Celery's event
+loop (the hub) or, without one, with its own ``poll()``. Every decision (whether to claim,
+how many, what to do with a reply) is the consume policy's (:mod:`.consume`). Fanout queues
 use the stock transport's PSUBSCRIBE connection.
 
-A blocking claim is only sent while the channel has credit. A reply that arrives after the
-credit ran out is leased and released straight back (uncounted), never dropped. Between
-the blocking claim and ``lease_claimed`` the entry sits in the core's processing list,
-where the sweep finds it if this process dies: no step loses a message.
+Between the blocking claim and ``lease_claimed`` the entry sits in the core's processing
+list, where the sweep finds it if this process dies: no step loses a message.
 """
 
 from __future__ import annotations
@@ -28,10 +26,13 @@ from typing import TYPE_CHECKING, Any
 import redis
 from kombu.utils import eventio
 
-from belayq.blocking import BlockingClaim, pool_connection
+from belayq.blocking import pool_connection
+
+from .consume import Consume, Step, Waiter
+from .tags import check_kept
 
 if TYPE_CHECKING:
-    from belayq import Delivery, ReliableQueue
+    from belayq import ReliableQueue
 
     from .channel import Channel
     from .tags import Tags
@@ -43,64 +44,6 @@ READ: int = _eventio.READ
 ERR: int = _eventio.ERR
 
 LISTEN = "LISTEN"
-
-
-class Waiter:
-    """One consumed queue of one channel: its blocking claim (the core's
-    :class:`~belayq.blocking.BlockingClaim`, on a connection of the channel's pool) and what
-    the consume policy knows about it."""
-
-    def __init__(self, channel: Channel, queue: str, rq: ReliableQueue) -> None:
-        self.channel = channel
-        self.queue = queue
-        self.rq = rq
-        self.claim = BlockingClaim(rq, pool=channel.async_pool)
-        #: The last claim took all it could: more is probably waiting, so claim without
-        #: blocking (one script instead of a blocking claim plus a lease script).
-        self.hot = False
-        #: Claimed in the round trip that sent the last acks (drain_events only), delivered
-        #: by the next poll: at prefetch 1 a message costs one round trip, not two.
-        self.ready: list[Delivery] = []
-
-    @property
-    def conn(self) -> Any:
-        return self.claim.conn
-
-    @property
-    def sent_at(self) -> float | None:
-        return self.claim.sent_at
-
-    def socket(self) -> Any:
-        """The connected socket, connecting (and learning the client id) if needed."""
-        return self.claim.connect()
-
-    def send(self, timeout: float) -> None:
-        self.claim.send(timeout)
-
-    def read(self) -> bytes | None:
-        """The blocking claim's reply (an entry, or None on timeout)."""
-        return self.claim.read()
-
-    def lost(self) -> None:
-        """Its connection was closed under it: no reply will come."""
-        self.claim.sent_at = None
-
-    def close(self, unblock: Callable[[int], Any] | None) -> bytes | None:
-        """Stop waiting; returns an entry the pending claim had already taken, if any.
-
-        ``unblock`` (CLIENT UNBLOCK on another connection) makes a waiting claim return
-        at once instead of after its timeout.
-        """
-        try:
-            return self.claim.cancel(unblock, grace_s=self.channel.brpop_timeout + 1)
-        except Exception:
-            log.debug("closing the claim connection of %s", self.queue, exc_info=True)
-            return None
-        finally:
-            with contextlib.suppress(Exception):
-                if self.claim.conn is not None:
-                    self.claim.conn.disconnect()
-            self.claim.close()
 
 
 class Poller:
@@ -205,18 +148,9 @@ class Poller:
         for channel in list(self._channels):
             if channel.active_queues:
                 for waiter in channel.waiters():
-                    if waiter.sent_at is not None or not channel.qos.can_consume():
-                        continue
-                    if self.with_hub and not channel.wants_more():
-                        continue
-                    # Without an event loop, claim what is waiting right here. With one,
-                    # deliveries must come from a readable socket: Celery schedules the
-                    # acks for the next loop iteration, which only a socket event starts.
-                    if waiter.ready and channel.deliver_ready(waiter):
-                        delivered = True
-                        continue
-                    if waiter.hot and not self.with_hub and channel.claim_now(waiter):
-                        delivered = True
+                    step = channel.consume.step(waiter, with_hub=self.with_hub)
+                    if step is not Step.BLOCK:
+                        delivered = delivered or step is Step.DELIVERED
                         continue
                     waiter.socket()
                     self._register(channel, waiter, waiter.conn)
@@ -247,7 +181,7 @@ class Poller:
             if channel.qos.can_consume():
                 return bool(channel._receive())
             return False
-        return channel.on_claim_readable(key)
+        return channel.consume.on_reply(key)
 
     def handle_event(self, fd: int, event: int) -> tuple[bool, Poller] | None:
         if event & READ:
@@ -301,22 +235,17 @@ class Poller:
         if not self.with_hub:
             for channel in list(self._channels):
                 for waiter in channel.waiters(create=False):
-                    if waiter.hot and waiter.sent_at is None and not waiter.ready:
-                        credit = channel.credit() if channel.qos.can_consume() else 0
-                        if credit > 0 and waiter.rq not in more:
-                            more[waiter.rq], takers[waiter.rq] = credit, waiter
+                    credit = channel.consume.with_acks(waiter)
+                    if credit > 0 and waiter.rq not in more:
+                        more[waiter.rq], takers[waiter.rq] = credit, waiter
         for rq, deliveries in claims.flush(more).items():
-            waiter = takers[rq]
-            waiter.ready = deliveries
-            waiter.hot = len(deliveries) >= more[rq]
+            Consume.took_with_acks(takers[rq], deliveries, more[rq])
 
     # -- upkeep (timers with the hub; piggybacked on empty polls without one) ------------
 
     def maybe_sweep(self, force: bool = False) -> None:
         """Run the sweep of every consumed queue, at most once per
         ``sweep_interval``; settle the kept claims whose tasks ended."""
-        from .tags import KEPT
-
         now = monotonic()
         if not force and now < self._next_sweep:
             return
@@ -330,7 +259,7 @@ class Poller:
                 log.debug("sweep skipped: Redis unreachable", exc_info=True)
                 return
         self.claims.flush()
-        KEPT.check()
+        check_kept()
 
     def maybe_adopt(self, force: bool = False) -> None:
         """Requeue what stock workers left in their unacked hash (rolling migration)."""

@@ -15,7 +15,6 @@ from kombu.transport import virtual as _virtual
 from kombu.utils.objects import cached_property
 
 from .celery_state import running_tags
-from .tags import KEPT
 
 log = logging.getLogger("belayq.kombu")
 
@@ -81,7 +80,7 @@ class QoS(stock.QoS):  # type: ignore[misc]
                 self.channel.claims.release(back)
             if keep:
                 log.info("belayq: keeping the leases of %d running task(s)", len(keep))
-                KEPT.keep(keep, self.channel.claims, float(self.channel.blip_keep_max))
+                self.channel.claims.kept.keep(keep, float(self.channel.blip_keep_max))
             for tag in back:
                 state.pop(tag, None)
         finally:

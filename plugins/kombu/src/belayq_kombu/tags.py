@@ -57,6 +57,7 @@ class Tags:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._deferred: list[Claim] = []
+        self.kept = Kept(self)
         ALL_TAGS.add(self)
         #: Acks made on this thread are sent in one script by :meth:`flush`, which the
         #: poller calls before it reads or claims again: at the next tick of the event
@@ -239,42 +240,47 @@ def _settle(op: str, rq: ReliableQueue, d: Delivery, reason: str) -> None:
         log.warning("%s of %s refused: its lease had expired and it was redelivered", op, d.id)
 
 
-class _Kept:
-    """Tags a closed channel kept because Celery was running their tasks.
+class Kept:
+    """The tags of one table that a closed channel kept because Celery was running their
+    tasks (a connection blip).
 
     They stay leased (extended by the keeper) until the task settles them. A claim whose
     task has ended without Celery settling it (Celery cancelled it, or, up to 5.6, lost
     its completion in the reconnect) is acked if its pool job succeeded and released
     otherwise; one nothing can tell about is released after ``blip_keep_max`` seconds, so
     it cannot stay leased for the life of the worker.
+
+    Owned by the transport's :class:`Tags`; checked by the poller of whichever transport of
+    the process runs next (the one Celery reconnected with), see :func:`check_kept`.
     """
 
-    def __init__(self) -> None:
-        self._kept: dict[Any, tuple[Tags, float]] = {}
+    def __init__(self, tags: Tags) -> None:
+        self._tags = tags
+        self._deadlines: dict[Any, float] = {}
         self._suspects: set[Any] = set()
         self._lock = threading.Lock()
 
-    def keep(self, tags: Iterable[Any], claims: Tags, max_s: float) -> None:
+    def keep(self, tags: Iterable[Any], max_s: float) -> None:
         deadline = time.monotonic() + max_s
         with self._lock:
             for tag in tags:
-                self._kept[tag] = (claims, deadline)
+                self._deadlines[tag] = deadline
 
     def __len__(self) -> int:
-        return len(self._kept)
+        return len(self._deadlines)
 
     def check(self) -> None:
         """Settle kept claims whose task ended without Celery settling them (seen so at
         two checks in a row): ack after a success, release after a failure or once the
         claim has been kept for ``max_s``."""
-        if not self._kept:
+        if not self._deadlines:
             return
         requests = celery_state.running_requests()
         now = time.monotonic()
         with self._lock:
-            items = list(self._kept.items())
-        for tag, (claims, deadline) in items:
-            if claims.get(tag) is None:  # settled the normal way
+            items = list(self._deadlines.items())
+        for tag, deadline in items:
+            if self._tags.get(tag) is None:  # settled the normal way
                 self._drop(tag)
                 continue
             request = requests.get(tag)
@@ -290,18 +296,26 @@ class _Kept:
                 log.warning("the task of %s ended without Celery settling it; %s", tag,
                             "acking it" if outcome else "releasing it to run again")
                 if outcome:
-                    claims.ack(tag)
+                    self._tags.ack(tag)
                 else:
-                    claims.release([tag])
+                    self._tags.release([tag])
 
     def _drop(self, tag: Any) -> None:
         with self._lock:
-            self._kept.pop(tag, None)
+            self._deadlines.pop(tag, None)
             self._suspects.discard(tag)
 
 
-KEPT = _Kept()
+#: The tag tables of this process's live transports (weakly): Celery's signals are
+#: process-wide, and kept claims outlive the transport that closed under them.
 ALL_TAGS: weakref.WeakSet[Tags] = weakref.WeakSet()
+
+
+def check_kept() -> None:
+    """Check the kept claims of every live transport of the process (the poller's sweep
+    tick; after a blip, the closed transport's poller no longer runs)."""
+    for tags in list(ALL_TAGS):
+        tags.kept.check()
 
 
 def _on_task_prerun(task_id: Any = None, **_: Any) -> None:

@@ -123,7 +123,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
         for rq in self.queues.values():
             if rq.unsettled:
                 rq.retry_unsettled()  # its keeper retries what is still left
-            if not rq.held:  # what is still held belongs to running tasks (see tags.KEPT)
+            if not rq.held:  # what is still held belongs to running tasks (see tags.Kept)
                 rq.close(release=False)
 
 
