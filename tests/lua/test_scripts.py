@@ -614,6 +614,58 @@ class TestNack:
         assert q.client.zscore(q.keys.dead, msg_id) == dead.dead_at_ms
         assert q.client.llen(q.keys.ready) == 0 and lease_of(q, msg_id) is None
 
+    def test_exhausted_deliver_hands_the_message_over_once_more(
+        self, client: Any, make_queue: Any
+    ) -> None:
+        q = make_queue(client, lease_ms=1_000, max_deliveries=3, exhausted="deliver")
+        msg_id = q.publish(b"a")
+        seen = []
+        for _ in range(3):
+            [d] = q.claim(timeout=0)
+            seen.append((d.attempts, d.exhausted, q.is_last_run(d)))
+            assert q.nack(d, reason="lost") == "ready"  # not dead: the host fails it
+        assert seen == [(1, False, False), (2, False, False), (3, False, True)]
+        [d] = q.claim(timeout=0)
+        assert (d.id, d.attempts, d.exhausted) == (msg_id, 4, True)
+        assert q.ack(d)  # the host recorded the failure in its own registry
+        assert q.stats()["dead"] == 0 and q.stats()["in_flight"] == 0
+
+    def test_exhausted_deliver_dead_letters_a_lost_hand_over(
+        self, client: Any, make_queue: Any
+    ) -> None:
+        q = make_queue(client, lease_ms=1_000, max_deliveries=2, exhausted="deliver")
+        msg_id = q.publish(b"a")
+        for _ in range(2):
+            [d] = q.claim(timeout=0)
+            assert not d.exhausted
+            advance(q, 1_001)
+            assert q.sweep().reclaimed == 1
+        [d] = q.claim(timeout=0)
+        assert d.exhausted
+        advance(q, 1_001)  # the consumer died before it recorded the failure
+        assert q.sweep().dead_lettered == 1
+        [dead] = q.dead_letters()
+        assert (dead.id, dead.attempts) == (msg_id, 3)
+
+    def test_exhausted_deliver_counts_reported_starts(self, client: Any, make_queue: Any) -> None:
+        q = make_queue(client, lease_ms=1_000, max_deliveries=1, exhausted="deliver",
+                       claim_starts=False)
+        q.publish(b"a")
+        [d] = q.claim(timeout=0)
+        assert (d.attempts, d.exhausted) == (0, False)
+        assert q.release([d]) == 1  # never started: no run used
+        [d] = q.claim(timeout=0)
+        assert not d.exhausted
+        q.start([d], now=True)
+        advance(q, 1_001)
+        assert q.sweep().reclaimed == 1
+        [d] = q.claim(timeout=0)
+        assert (d.attempts, d.exhausted) == (1, True)
+
+    def test_exhausted_must_be_named(self, client: Any, make_queue: Any) -> None:
+        with pytest.raises(ConfigError, match="exhausted must be one of"):
+            make_queue(client, exhausted="fail")
+
     def test_attempts_with_claim_starts_false(self, client: Any, make_queue: Any) -> None:
         q = make_queue(client, claim_starts=False, max_deliveries=3, lease_ms=1_000)
         msg_id = q.publish(b"a")

@@ -9,6 +9,9 @@ from .errors import ConfigError
 DEFAULT_PRIORITY_STEPS: tuple[int, ...] = tuple(range(10))
 """A queue made with defaults honours priorities 0..9, each its own level, 0 served first."""
 
+EXHAUSTED = ("dead", "deliver")
+"""The values of :attr:`QueueConfig.exhausted`."""
+
 
 @dataclass(frozen=True)
 class QueueConfig:
@@ -59,6 +62,13 @@ class QueueConfig:
             None = when the server has both; True = required; False = never.
         cluster_retry_ms: How long a script call is retried while its cluster slot is
             migrating (TRYAGAIN, ASK, MOVED) before ``ConnectionLost`` (ms).
+        exhausted: What happens to a message that has run ``max_deliveries`` times when that
+            last run is lost or nacked: ``"dead"`` moves it to the core's dead-letter set;
+            ``"deliver"`` hands it to a consumer once more, marked
+            :attr:`~belayq.Delivery.exhausted`, for hosts that keep their own failed-job
+            registry (RQ's FailedJobRegistry): the consumer records the failure there and
+            acks the claim without running it. If that claim is lost too (its consumer died),
+            the core dead-letters the message.
         lua_functions: Run the transitions as belayq's Redis FUNCTION library (FCALL)
             rather than as scripts (EVALSHA): cheaper per call, and kept by restarts and
             replicas. None = when the client reaches one Redis 7.0+ server and may load
@@ -86,6 +96,7 @@ class QueueConfig:
     wait_timeout_ms: int = 1_000
     wait_aof: bool | None = None
     cluster_retry_ms: int = 10_000
+    exhausted: str = "dead"
     lua_functions: bool | None = None
 
     def __post_init__(self) -> None:
@@ -116,6 +127,10 @@ class QueueConfig:
             )
         if self.ready_head not in ("right", "left"):
             raise ConfigError(f"ready_head must be 'right' or 'left', got {self.ready_head!r}")
+        if self.exhausted not in EXHAUSTED:
+            raise ConfigError(
+                f"exhausted must be one of {EXHAUSTED}, got {self.exhausted!r}"
+            )
         if not isinstance(self.bell, bool):
             raise ConfigError(f"bell must be True or False, got {self.bell!r}")
         for flag in ("claim_starts",):
@@ -135,6 +150,12 @@ class QueueConfig:
     def heartbeat_ms(self) -> int:
         """The effective heartbeat period (ms)."""
         return self.heartbeat_interval_ms or max(10, self.lease_ms // 3)
+
+    @property
+    def dead_after_runs(self) -> int:
+        """Runs after which the scripts dead-letter a failed message: ``max_deliveries``,
+        plus the final hand-over claim when ``exhausted="deliver"``."""
+        return self.max_deliveries + (1 if self.exhausted == "deliver" else 0)
 
     @property
     def floor_every(self) -> int:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ._support import text as _text
+from .config import QueueConfig
 from .errors import ConnectionLost
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
@@ -41,6 +42,7 @@ class HeldClaims:
     """Bookkeeping of unsettled claims, mixed into :class:`~belayq.ReliableQueue`."""
 
     name: str
+    config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
     _unsettled: list[tuple[str, Delivery, str]]
@@ -69,6 +71,10 @@ class HeldClaims:
         raise NotImplementedError
 
     def _take(self, flat: Sequence[Any]) -> list[Delivery]:
+        c = self.config
+        # Runs before this claim reached max_deliveries: the final hand-over claim.
+        ran_before = -1 if c.claim_starts else 0
+        final = c.max_deliveries if c.exhausted == "deliver" else None
         got = [
             Delivery(
                 id=_text(flat[i]),
@@ -77,6 +83,7 @@ class HeldClaims:
                 deliveries=int(flat[i + 3]),
                 queue=self.name,
                 attempts=int(flat[i + 4]),
+                exhausted=final is not None and int(flat[i + 4]) + ran_before >= final,
             )
             for i in range(0, len(flat), 5)
         ]
@@ -116,6 +123,12 @@ class HeldClaims:
                 for d in deliveries:
                     self._held.setdefault(d.id, d)
             raise
+
+    def is_last_run(self, delivery: Delivery) -> bool:
+        """Whether this claim's run is the message's last: if it fails (or is lost), the
+        message has used up its ``max_deliveries`` runs. The claim's run counts once it
+        started (at once with ``claim_starts``)."""
+        return delivery.attempts >= self.config.max_deliveries
 
     def _still_held(self, delivery: Delivery) -> bool:
         with self._lock:

@@ -19,6 +19,9 @@ class Delivery:
         attempts: How many runs of the message have started, this claim included when it
             counts as started (``claim_starts``); runs of claims whose holder died before
             starting them are not counted.
+        exhausted: The message had already run ``max_deliveries`` times before this claim
+            (only with ``exhausted="deliver"``): record its failure and ack it; do not run
+            it.
     """
 
     id: str
@@ -27,6 +30,7 @@ class Delivery:
     deliveries: int
     queue: str
     attempts: int = 0
+    exhausted: bool = False
 
 
 @dataclass(frozen=True)

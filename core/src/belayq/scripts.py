@@ -78,7 +78,7 @@ class ScriptRunner:
         return [
             self.skew_ms,
             self._mode,
-            c.max_deliveries,
+            c.dead_after_runs,
             c.dead_letter_max,
             request_id,
             c.reply_window_ms,
@@ -88,14 +88,10 @@ class ScriptRunner:
         if self._functions is None:
             self._functions = self._pick_functions()
         keys = self.vectors[name]
-        c = self.config
         head: list[Arg] = (
             ["FCALL", f"{library()[0]}_{name}"] if self._functions else ["EVALSHA", sha(name)]
         )
-        return [
-            *head, len(keys), *keys, self.skew_ms, self._mode, c.max_deliveries,
-            c.dead_letter_max, request_id, c.reply_window_ms, *args,
-        ]
+        return [*head, len(keys), *keys, *self.common_args(request_id), *args]
 
     def _pick_functions(self) -> bool:
         """Whether to call belayq's function library: on one server (a cluster would need

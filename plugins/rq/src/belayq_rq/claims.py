@@ -28,12 +28,10 @@ class Claim:
     Attributes:
         core: The core queue behind the RQ queue the job was claimed from.
         delivery: The delivery: its fencing token and how many times the job was claimed.
-        max_deliveries: Deliveries after which a lost attempt fails the job for good.
     """
 
     core: ReliableQueue
     delivery: Delivery
-    max_deliveries: int
 
 
 @contextmanager
@@ -75,9 +73,10 @@ def core_for(
 
     RQ pushes job ids to the right of its list and pops them from the left, so the core
     claims from the left end and the list entries are the job ids themselves. An RQ worker
-    runs what it claims, so a claim counts as a started attempt (the core's default). The
-    core dead-letters a message only after ``max_deliveries + 1`` lost attempts: the adapter
-    fails the job in RQ's FailedJobRegistry when it claims it the time after the last one.
+    runs what it claims, so a claim counts as a started attempt (the core's default). RQ
+    keeps its own failed registry, so a job that lost ``max_deliveries`` attempts comes back
+    once more marked ``exhausted`` (the core's ``exhausted="deliver"``), and the adapter
+    fails it there.
     """
     frozen = tuple(sorted(options.items()))
     cache_key = (ready_key, lease_ms, max_deliveries, frozen)
@@ -94,7 +93,8 @@ def core_for(
                 payload_in_list=True,
                 ready_head="left",
                 lease_ms=lease_ms,
-                max_deliveries=max_deliveries + 1,
+                max_deliveries=max_deliveries,
+                exhausted="deliver",
                 **dict(options),
             )
             cache[cache_key] = core

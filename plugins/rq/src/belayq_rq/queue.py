@@ -101,7 +101,7 @@ class Queue(RQQueue):
 
         A job claimed again after a lost attempt gets RQ's records of that attempt removed
         first; one that already lost ``max_deliveries`` attempts goes to the
-        FailedJobRegistry instead of being returned.
+        FailedJobRegistry instead of being returned (see :func:`_ready_to_run`).
         """
         _refuse_stock_worker(None, by_a_worker=death_penalty_class is not None)
         if timeout is not None and timeout == 0:
@@ -141,35 +141,11 @@ def _admit(
     death_penalty_class: type[BaseDeathPenalty] | None,
 ) -> Job | None:
     """The job to run for ``delivery``, or None when there is nothing to run (settled)."""
-    claim = Claim(core, delivery, queue._max_deliveries)
+    claim = Claim(core, delivery)
     try:
         job = _load(core, delivery, job_cls, serializer)
-        if job is None:
+        if job is None or not _ready_to_run(job, queue, claim, death_penalty_class):
             return None
-        if delivery.deliveries > 1:
-            if job.get_status(refresh=False) in settle.SETTLED:
-                # Its lost attempt had in fact finished, or RQ's cleanup failed it first.
-                # Attempts lost since then leave StartedJobRegistry entries behind, which
-                # RQ's cleanup would turn into a FAILED AbandonedJobError: drop them too.
-                with core.client.pipeline() as pipe:
-                    settle.drop_stale_executions(job, pipe)
-                    core.ack_on(pipe, [delivery])
-                    pipe.execute()
-                return None
-            if delivery.attempts > claim.max_deliveries:
-                cause = "the worker stopped renewing the lease (killed, or cut off from Redis)"
-                settle.fail_for_good(
-                    job, queue, claim, settle.lost_reason(claim, cause),
-                    death_penalty_class=death_penalty_class,
-                )
-                return None
-            with core.client.pipeline() as pipe:
-                if settle.drop_stale_executions(job, pipe):
-                    pipe.execute()
-            log.warning(
-                "job %s: redelivered (delivery %d of max %d) after a lost attempt",
-                job.id, delivery.attempts, claim.max_deliveries,
-            )
     except Exception as exc:
         _hand_back(core, delivery, f"belayq_rq could not start the job: {exc!r}")
         if isinstance(exc, ConnectionLost):
@@ -177,6 +153,40 @@ def _admit(
         raise
     attach(job, claim)
     return job
+
+
+def _ready_to_run(
+    job: Job,
+    queue: Queue,
+    claim: Claim,
+    death_penalty_class: type[BaseDeathPenalty] | None,
+) -> bool:
+    """Put RQ's records of a redelivered job right; False when it must not run again.
+
+    A first delivery runs as RQ enqueued it. A redelivery (an attempt was lost) is, in RQ's
+    terms: a job that ended after all (FINISHED, FAILED ...: its claim is acked), a job out
+    of attempts (the core says ``exhausted``: it goes to the FailedJobRegistry), or a job to
+    run again once the records of its lost attempts are gone.
+    """
+    delivery = claim.delivery
+    if delivery.deliveries == 1:
+        return True
+    if job.get_status(refresh=False) in settle.SETTLED:
+        settle.ack_ended(job, claim)
+        return False
+    if delivery.exhausted:
+        cause = "the worker stopped renewing the lease (killed, or cut off from Redis)"
+        settle.fail_for_good(
+            job, queue, claim, settle.lost_reason(claim, cause),
+            death_penalty_class=death_penalty_class,
+        )
+        return False
+    settle.forget_lost_attempts(job)
+    log.warning(
+        "job %s: redelivered (delivery %d of max %d) after a lost attempt",
+        job.id, delivery.attempts, claim.core.config.max_deliveries,
+    )
+    return True
 
 
 def _load(

@@ -44,6 +44,24 @@ def drop_stale_executions(job: Job, pipeline: Pipeline) -> int:
     return len(ids)
 
 
+def ack_ended(job: Job, claim: Claim) -> None:
+    """Ack the redelivery of a job that had in fact ended (its lost attempt finished, or
+    RQ's cleanup failed it first). Attempts lost since then left StartedJobRegistry
+    entries, which RQ's cleanup would turn into a FAILED AbandonedJobError: they go too, in
+    the same transaction."""
+    with claim.core.client.pipeline() as pipe:
+        drop_stale_executions(job, pipe)
+        claim.core.ack_on(pipe, [claim.delivery])
+        pipe.execute()
+
+
+def forget_lost_attempts(job: Job) -> None:
+    """Remove RQ's records of a job's lost attempts before it runs again."""
+    with job.connection.pipeline() as pipe:
+        if drop_stale_executions(job, pipe):
+            pipe.execute()
+
+
 def _cleanup_execution(worker: Any, job: Job, pipeline: Pipeline) -> None:
     """RQ's own cleanup of the worker's current execution, without belayq's ack (the
     callers settle the claim themselves)."""
@@ -54,7 +72,7 @@ def _cleanup_execution(worker: Any, job: Job, pipeline: Pipeline) -> None:
 
 def lost_reason(claim: Claim, cause: str) -> str:
     """The reason RQ shows for a job that ran out of deliveries."""
-    most = claim.max_deliveries
+    most = claim.core.config.max_deliveries
     return (
         f"belayq: lost {most} of {most} deliveries (max_deliveries={most}): each time, the "
         f"worker or work horse running the job died before it finished (last: {cause}). "
@@ -128,7 +146,7 @@ def requeue_lost(job: Job, claim: Claim, worker: Any, cause: str) -> str:
         job.id,
         cause.strip(),
         claim.delivery.attempts,
-        claim.max_deliveries,
+        claim.core.config.max_deliveries,
         outcome,
     )
     return outcome

@@ -191,7 +191,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             )
             return
         cause = exc_string.strip() or "the attempt was interrupted"
-        if claim.delivery.attempts >= claim.max_deliveries:
+        if claim.core.is_last_run(claim.delivery):
             settle.fail_for_good(
                 job,
                 queue,
