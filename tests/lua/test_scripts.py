@@ -662,6 +662,17 @@ class TestNack:
         [d] = q.claim(timeout=0)
         assert (d.attempts, d.exhausted) == (1, True)
 
+    def test_a_long_reason_is_cut_to_its_bound(self, q: ReliableQueue) -> None:
+        from belayq.constants import REASON_MAX_CHARS
+
+        q.publish(b"a")
+        [d] = q.claim(timeout=0)
+        assert q.nack(d, reason="x" * 10_000) == "ready"
+        [d] = q.claim(timeout=0)
+        assert q.dead_letter(d, "y" * 10_000)
+        [dead] = q.dead_letters()
+        assert dead.reason == "y" * REASON_MAX_CHARS
+
     def test_exhausted_must_be_named(self, client: Any, make_queue: Any) -> None:
         with pytest.raises(ConfigError, match="exhausted must be one of"):
             make_queue(client, exhausted="fail")

@@ -6,16 +6,16 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ._support import redis_errors as _redis_errors
-from ._support import text as _text
+from .constants import PURGE_BATCH
 from .errors import ConfigError
+from .errors import redis_errors as _redis_errors
 from .keys import QueueKeys
 from .models import DeadLetter
+from .models import text as _text
 from .scripts import ScriptRunner
 
 #: The packed meta of a message (lua/includes/meta.lua).
 _META = re.compile(rb"^(\d+) (\d+) (\d+) (\d+) ([01]) (\d+) (\d+) ([^|]*)\|(.*)$", re.DOTALL)
-_PURGE_BATCH = 1000
 
 
 def parse_meta(packed: bytes | None) -> dict[str, Any] | None:
@@ -108,7 +108,7 @@ class QueueAdmin:
         holds Redis for long; returns how many."""
         total = 0
         while True:
-            purged, more = (int(x) for x in self._scripts.run("purge", _PURGE_BATCH))
+            purged, more = (int(x) for x in self._scripts.run("purge", PURGE_BATCH))
             total += purged
             if not more or not purged:
                 return total

@@ -23,13 +23,12 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from . import client_info
+from .constants import CANCEL_GRACE_S
 
 if TYPE_CHECKING:
     from .models import Delivery
     from .queue import ReliableQueue
 
-#: How long a cancelled claim may take to answer before its connection is closed (s).
-CANCEL_GRACE_S = 5.0
 
 # A pooled connection remembers its socket's CLIENT ID here: (socket, id or None).
 _CLIENT_ID = "_belayq_client_id"

@@ -45,6 +45,7 @@ import redis
 
 from . import client_info
 from .blocking import BlockingClaim
+from .constants import CLAIM_ANY_ROUND_MAX_S
 from .errors import ConfigError, ConnectionLost
 from .models import Delivery
 from .queue import ReliableQueue
@@ -52,7 +53,6 @@ from .queue import ReliableQueue
 FALLBACK_SLICE_S = 0.05
 """Longest wait of one fallback round (s): the pickup latency of the slower paths."""
 
-_ROUND_CAP_S = 60.0  # one blocking round at most; a dead socket cannot hang us for longer
 
 
 def claim_any(
@@ -94,10 +94,10 @@ def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -
         got, due_ms = _try_each(queues, count)
         if got or timeout == 0:
             return got
-        wait = _ROUND_CAP_S if deadline is None else deadline - time.monotonic()
+        wait = CLAIM_ANY_ROUND_MAX_S if deadline is None else deadline - time.monotonic()
         if wait <= 0:
             return []
-        wait = min(wait, _ROUND_CAP_S)
+        wait = min(wait, CLAIM_ANY_ROUND_MAX_S)
         if due_ms >= 0:  # a delayed message falls due: try again then
             wait = min(wait, max(due_ms, 1) / 1000)
         if mode == "select":

@@ -6,6 +6,13 @@ from typing import Any
 
 import redis
 
+from .constants import (
+    BLOCK_ROUND_MAX_S,
+    BLOCK_ROUND_MIN_S,
+    BLOCK_SHARE_OF_SOCKET_TIMEOUT,
+    REDIS_PY_READ_TIMEOUT_S,
+)
+
 
 def is_cluster(client: Any) -> bool:
     """Whether ``client`` talks to a Redis Cluster."""
@@ -24,8 +31,9 @@ def blocking_cap_s(kwargs: dict[str, Any]) -> float:
     """Longest single BLMOVE wait that stays inside the client's socket timeout (s)."""
     # A pool built by from_url() or by hand may not name socket_timeout, yet redis-py 8's
     # connections then read with a 5 s timeout: assume that, never wait that long in one go.
-    timeout = kwargs.get("socket_timeout") or 5.0
-    return max(0.01, min(4.0, float(timeout) * 0.8))
+    timeout = kwargs.get("socket_timeout") or REDIS_PY_READ_TIMEOUT_S
+    return max(BLOCK_ROUND_MIN_S,
+               min(BLOCK_ROUND_MAX_S, float(timeout) * BLOCK_SHARE_OF_SOCKET_TIMEOUT))
 
 
 def server_versions(client: Any) -> list[str]:

@@ -163,6 +163,11 @@ class QueueConfig:
         return round(1 / self.starvation_floor) if self.starvation_floor > 0 else 0
 
 
+def check_count(count: int) -> None:
+    """Refuse a message count that is not an int >= 1 (``claim(count=...)``, batches)."""
+    _positive("count", count)
+
+
 def _positive(name: str, value: object, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(f"{name} must be an int >= {minimum}, got {value!r}")

@@ -1,6 +1,15 @@
-"""One exception tree for belayq; redis-py errors are translated at the core's boundary."""
+"""One exception tree for belayq; redis-py errors are translated at the core's boundary
+(:func:`redis_errors`)."""
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import redis
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class BelayqError(Exception):
@@ -31,3 +40,16 @@ class DurabilityError(BelayqError):
 class ConnectionLost(BelayqError, ConnectionError):
     """Redis could not be reached; nothing was changed by the failed call, or the change is
     idempotent and may be retried."""
+
+
+def redis_errors(fn: F) -> F:
+    """Translate redis-py's connection errors into :class:`ConnectionLost`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
+
+    return wrapper  # type: ignore[return-value]

@@ -12,11 +12,11 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from ._support import text as _text
 from .config import QueueConfig
 from .errors import ConnectionLost
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
+from .models import text as _text
 
 log = logging.getLogger("belayq")
 

@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+
+def text(value: Any) -> str:
+    """A reply field as text (ids, tokens and states are ASCII; anything else is escaped)."""
+    return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ import bisect
 import uuid
 from collections.abc import Iterable
 
-from ._support import check_count as _check_count
-from ._support import redis_errors as _redis_errors
-from ._support import text as _text
 from .config import QueueConfig
+from .config import check_count as _check_count
 from .errors import ConfigError
+from .errors import redis_errors as _redis_errors
 from .models import Published
+from .models import text as _text
 from .scripts import Arg, ScriptRunner
 
 

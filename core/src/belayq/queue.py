@@ -12,16 +12,17 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import client_info
-from ._support import check_count as _check_count
-from ._support import redis_errors as _redis_errors
-from ._support import text as _text
 from .admin import QueueAdmin
 from .config import QueueConfig
+from .config import check_count as _check_count
+from .constants import CLAIM_NONCE_BYTES, REASON_MAX_CHARS, SWEEP_BATCH, WAIT_FOREVER_ROUND_S
 from .errors import ConfigError, RedisTooOld, SchemaMismatch
+from .errors import redis_errors as _redis_errors
 from .holding import FORKABLE, HeldClaims
 from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, QueueKeys
 from .models import Delivery, SweepResult
+from .models import text as _text
 from .publishing import Publishing
 from .scripts import Arg, ScriptRunner
 
@@ -136,7 +137,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
             count,
             c.floor_every,
             c.sweep_limit,
-            os.urandom(8).hex(),
+            os.urandom(CLAIM_NONCE_BYTES).hex(),
             "1" if c.claim_starts else "0",
         ]
 
@@ -159,7 +160,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         got, due_ms = self.try_claim(count)
         while not got:
-            remaining = 3600.0 if deadline is None else deadline - time.monotonic()
+            remaining = WAIT_FOREVER_ROUND_S if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 return []
             wait = min(remaining, self._block_cap_s)
@@ -299,7 +300,8 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         if delay_ms is None:
             delay_ms = self.backoff_ms(max(delivery.attempts, delivery.deliveries))
         with self._settling([delivery]):
-            args: list[Arg] = [delivery.id, delivery.token, delay_ms, reason, "0"]
+            args: list[Arg] = [delivery.id, delivery.token, delay_ms,
+                               reason[:REASON_MAX_CHARS], "0"]
             reply = self._scripts.run("nack", *args, durable=self._durable)
         return _text(reply)
 
@@ -307,7 +309,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
     def dead_letter(self, delivery: Delivery, reason: str) -> bool:
         """Dead-letter a claim now (a malformed or unknown message). False if stale."""
         with self._settling([delivery]):
-            args: list[Arg] = [delivery.id, delivery.token, 0, reason, "1"]
+            args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
             reply = self._scripts.run("nack", *args, durable=self._durable)
         return _text(reply) == "dead"
 
@@ -370,7 +372,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         """Run the recovery pass now. Its cost is O(expired + landing + due), never
         O(in flight), so ``guarded`` (kept for callers of schema 1) changes nothing."""
         c = self.config
-        r = [int(x) for x in self._scripts.run("sweep", 1000, c.lease_ms)]
+        r = [int(x) for x in self._scripts.run("sweep", SWEEP_BATCH, c.lease_ms)]
         return SweepResult(bool(r[0]), r[1], r[2], r[3], r[4], r[5])
 
     @property

@@ -20,6 +20,7 @@ from redis.exceptions import NoScriptError
 
 from . import client_info
 from .config import QueueConfig
+from .constants import CLUSTER_RETRY_FIRST_PAUSE_S, CLUSTER_RETRY_MAX_PAUSE_S
 from .errors import ConfigError, ConnectionLost, DurabilityError
 from .keys import QueueKeys
 from .sources import SCRIPT_NAMES, key_roles, library, sha, source
@@ -238,7 +239,7 @@ class ScriptRunner:
         if not self.cluster:
             return call()
         deadline = time.monotonic() + self.config.cluster_retry_ms / 1000
-        pause = 0.02
+        pause = CLUSTER_RETRY_FIRST_PAUSE_S
         while True:
             try:
                 return call()
@@ -250,7 +251,7 @@ class ScriptRunner:
                         f"finish?): {exc}"
                     ) from exc
                 time.sleep(pause)
-                pause = min(pause * 2, 0.5)
+                pause = min(pause * 2, CLUSTER_RETRY_MAX_PAUSE_S)
                 if hasattr(self.client, "nodes_manager"):
                     self.client.nodes_manager.initialize()
 

@@ -18,9 +18,9 @@ import hashlib
 from collections.abc import Sequence
 from typing import Any
 
-from ._support import text as _text
 from .errors import SchemaMismatch
 from .keys import SCHEMA_VERSION, QueueKeys, schema1_glob, schema1_message
+from .models import text as _text
 
 _BELL = b"\0belayq:bell"
 

@@ -53,7 +53,7 @@ class Message(stock.Channel.Message):  # type: ignore[misc]
         try:
             return super()._decode()
         except Exception as exc:
-            self.undecodable = f"body does not decode: {exc!r}"[:500]
+            self.undecodable = f"body does not decode: {exc!r}"
             raise
 
 
@@ -77,7 +77,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     blip_keep_max = options.BELAYQ_OPTIONS["blip_keep_max"][0]
     priority_bell = options.BELAYQ_OPTIONS["priority_bell"][0]
     supports_batch_publish = False
-    brpop_timeout: float = 1.0
+    brpop_timeout: float = options.POLL_TIMEOUT_S
     _in_listen: Any = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -220,7 +220,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         log.error("belayq: dead-lettering a message kombu could not read: %r", exc,
                   exc_info=True)
         self.claims.reject(tag, requeue=False, dead_letter=True,
-                           reason=f"delivery failed: {exc!r}"[:500])
+                           reason=f"delivery failed: {exc!r}")
 
     def _envelopes(
         self, queue: str, rq: ReliableQueue, deliveries: list[Delivery], *, no_ack: bool
@@ -234,7 +234,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
                 if not isinstance(props, dict):
                     raise TypeError(f"properties is a {type(props).__name__}, not an object")
             except Exception as exc:
-                rq.dead_letter(d, f"not a kombu message: {exc!r}"[:500])
+                rq.dead_letter(d, f"not a kombu message: {exc!r}")
                 continue
             if _expired(raw):
                 settle_now.append(d)

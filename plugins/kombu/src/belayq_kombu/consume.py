@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from belayq.blocking import BlockingClaim
 
-from . import celery_state
+from . import celery_state, options
 
 if TYPE_CHECKING:
     from belayq import Delivery, ReliableQueue
@@ -90,7 +90,8 @@ class Waiter:
         at once instead of after its timeout.
         """
         try:
-            return self.claim.cancel(unblock, grace_s=self.channel.brpop_timeout + 1)
+            grace_s = self.channel.brpop_timeout + options.CANCEL_GRACE_S
+            return self.claim.cancel(unblock, grace_s=grace_s)
         except Exception:
             log.debug("closing the claim connection of %s", self.queue, exc_info=True)
             return None

@@ -80,6 +80,25 @@ DEFAULT_LEASE_S = 20.0
 #: A visibility_timeout above this only delays recovery, since belayq extends leases.
 LONG_LEASE_S = 300.0
 
+#: The blocking claim's timeout without ``polling_interval`` (s), as the stock BRPOP's: how
+#: often an idle worker's claim returns and is sent again.
+POLL_TIMEOUT_S = 1.0
+
+#: The stock ``unacked_restore_interval``: how often stock workers' unacked messages are
+#: looked for (s); belayq's own leases need no such pass (the sweep runs every second).
+ADOPT_INTERVAL_S = 10.0
+
+#: The stock ``health_check_interval`` (s): pub/sub pings, and how long past its timeout a
+#: blocking claim may stay unanswered before its socket counts as half-open.
+HEALTH_CHECK_INTERVAL_S = 25.0
+
+#: How often kombu >= 5.4's queue-expiry bindings are refreshed (s), as the stock transport.
+BINDING_REFRESH_S = 1.0
+
+#: How long past its own timeout a cancelled blocking claim may take to answer before its
+#: connection is closed (s): its reply, if any, is leased and handed back.
+CANCEL_GRACE_S = 1.0
+
 
 def channel_option_names() -> tuple[str, ...]:
     """Names the channel copies from ``transport_options`` (the stock ones plus belayq's)."""

@@ -28,6 +28,7 @@ from kombu.utils import eventio
 
 from belayq.blocking import pool_connection
 
+from . import options
 from .consume import Consume, Step, Waiter
 from .tags import check_kept
 
@@ -266,7 +267,7 @@ class Poller:
         now = monotonic()
         if not force and now < self._next_adopt:
             return
-        self._next_adopt = now + 10.0
+        self._next_adopt = now + options.ADOPT_INTERVAL_S
         for channel in list(self._channels):
             if channel.active_queues:
                 try:
@@ -281,7 +282,8 @@ class Poller:
         now = monotonic()
         for channel in list(self._channels):
             for waiter in channel.waiters(create=False):
-                overdue = channel.brpop_timeout + (channel.health_check_interval or 25)
+                overdue = channel.brpop_timeout + (
+                    channel.health_check_interval or options.HEALTH_CHECK_INTERVAL_S)
                 if waiter.sent_at is not None and now - waiter.sent_at > overdue and waiter.conn:
                     log.warning("the blocking claim on %s got no reply for %.0f s; reconnecting",
                                 waiter.queue, now - waiter.sent_at)

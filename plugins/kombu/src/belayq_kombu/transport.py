@@ -34,7 +34,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
     driver_type = "redis"
     driver_name = "belayq"
     polling_interval = None
-    brpop_timeout: float = 1.0
+    brpop_timeout: float = options.POLL_TIMEOUT_S
     implements = stock.Transport.implements.extend(
         asynchronous=True, batch_publish=False,
         exchange_type=frozenset(["direct", "topic", "fanout"]),
@@ -48,7 +48,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.cycle = Poller(self.claims)
         connect_signals()
         interval = (client.transport_options or {}).get("polling_interval")
-        self.brpop_timeout = float(interval) if interval else 1.0
+        self.brpop_timeout = float(interval) if interval else options.POLL_TIMEOUT_S
         self.queues: dict[str, ReliableQueue] = {}
         self._core_client: redis.Redis | None = None
 
@@ -88,11 +88,13 @@ class Transport(stock.Transport):  # type: ignore[misc]
         opts = connection.client.transport_options or {}
         timers = [
             (float(opts.get("sweep_interval", Channel.sweep_interval)), cycle.maybe_sweep),
-            (float(opts.get("unacked_restore_interval", 10)), cycle.maybe_adopt),
-            (float(opts.get("health_check_interval") or 25), cycle.maybe_check_health),
+            (float(opts.get("unacked_restore_interval", options.ADOPT_INTERVAL_S)),
+             cycle.maybe_adopt),
+            (float(opts.get("health_check_interval") or options.HEALTH_CHECK_INTERVAL_S),
+             cycle.maybe_check_health),
         ]
         if hasattr(stock.Channel, "maybe_refresh_binding_expiry"):
-            timers.append((1.0, self._refresh_bindings))
+            timers.append((options.BINDING_REFRESH_S, self._refresh_bindings))
         cycle.attach_hub(loop, timers)
         self.claims.defer_thread = threading.get_ident()
         add_reader, on_readable = loop.add_reader, self.on_readable

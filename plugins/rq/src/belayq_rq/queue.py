@@ -214,7 +214,6 @@ def _load(
         )
     except Exception as exc:  # not a valid id, or a hash RQ cannot read: never stop the worker
         reason = f"belayq_rq: cannot load job '{shown}': {exc!r}"
-    reason = reason[:500]
     log.error("dead-lettered an entry of %s: %s", core.name, reason)
     core.dead_letter(delivery, reason)
     return None

@@ -40,7 +40,15 @@ from .claims import claim_of, driving
 from .queue import Queue
 
 log = logging.getLogger("belayq_rq")
+#: FewerRoundTripsMixin: RQ's own writes repeated within this (s) are sent once.
 _REPEAT_S = 0.1
+#: RQ's records of a job's start are retried for this share of the lease while the server
+#: restarts or fails over: the job has not started, and the other half still lets the
+#: keeper extend the claim before it expires.
+_START_RETRY_SHARE_OF_LEASE = 0.5
+#: First and longest pause between those retries (s).
+_START_RETRY_FIRST_PAUSE_S = 0.05
+_START_RETRY_MAX_PAUSE_S = 1.0
 #: What a restarting or failing-over server answers (LOADING is a ConnectionError).
 _SERVER_AWAY = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
@@ -133,8 +141,9 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         started, so a lost connection here is no failure of the job. belayq never uses
         RQ's intermediate list; its removal command is skipped."""
         claim = claim_of(job)
-        deadline = time.monotonic() + (claim.core.config.lease_ms / 2000 if claim else 0)
-        pause = 0.05
+        retry_s = claim.core.config.lease_ms / 1000 * _START_RETRY_SHARE_OF_LEASE if claim else 0
+        deadline = time.monotonic() + retry_s
+        pause = _START_RETRY_FIRST_PAUSE_S
         while True:
             try:
                 super().prepare_job_execution(job, False)
@@ -148,7 +157,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
                     raise
                 log.warning("job %s: the server is away before the start; retrying", job.id)
                 time.sleep(pause)
-                pause = min(pause * 2, 1.0)
+                pause = min(pause * 2, _START_RETRY_MAX_PAUSE_S)
 
     def execute_job(self, job: Job, queue: RQQueue) -> None:
         self._belayq_killed_on_purpose = False
