@@ -29,21 +29,13 @@
 -- @include recover
 
 local k = claim_keys()
-local lease_ms = tonumber(ARGV[7])
-local want = tonumber(ARGV[8])
-local floor_every = tonumber(ARGV[9])
-local sweep_limit = tonumber(ARGV[10])
-local nonce = ARGV[11]
-local starts = ARGV[12] == '1'
+local a = claim_args()
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return replay_claim(k, earlier, 1) end
 
-sweep_expired(k, now, sweep_limit)
-adopt_landing(k, now, sweep_limit, lease_ms)
-local _, next_due = promote_due(k, now, sweep_limit)
-local out = {next_due}
-claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out)
+local out = {recover_bounded(k, now, a.sweep_limit, a.lease_ms)}
+claim_ready(k, a.want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out)
 fix_door(k.levels)
 return remember_claim(k, out, 1, now)

@@ -18,12 +18,8 @@
 -- @include recover
 
 local k = claim_keys()
-local lease_ms = tonumber(ARGV[7])
-local want = tonumber(ARGV[8])
-local floor_every = tonumber(ARGV[9])
-local sweep_limit = tonumber(ARGV[10])
-local nonce = ARGV[11]
-local starts = ARGV[12] == '1'
+local a = claim_args()
+local want = a.want
 local entry = ARGV[13]
 local now = now_ms()
 
@@ -39,7 +35,7 @@ elseif redis.call('LREM', k.processing, 1, entry) == 0 then
   count(k.stats, 'lost_claims', 1)
   out[2] = 1
 else
-  local d = take(k, id_of(entry), entry, 1, now, lease_ms, nonce .. #out, starts)
+  local d = take(k, id_of(entry), entry, 1, now, a.lease_ms, a.nonce .. #out, a.starts)
   if d then
     for _, v in ipairs(d) do out[#out + 1] = v end
     want = want - 1
@@ -47,10 +43,7 @@ else
     out[2] = 1
   end
 end
-sweep_expired(k, now, sweep_limit)
-adopt_landing(k, now, sweep_limit, lease_ms)
-local _, next_due = promote_due(k, now, sweep_limit)
-if want > 0 then claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out) end
+out[1] = recover_bounded(k, now, a.sweep_limit, a.lease_ms)
+if want > 0 then claim_ready(k, want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out) end
 fix_door(k.levels)
-out[1] = next_due
 return remember_claim(k, out, 2, now)

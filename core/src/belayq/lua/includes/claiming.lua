@@ -7,6 +7,13 @@
 -- @include ready
 -- @include take
 
+-- The arguments of claim.lua and lease.lua (ARGV[7..12], described in claim.lua).
+local function claim_args()
+  return {lease_ms = tonumber(ARGV[7]), want = tonumber(ARGV[8]),
+    floor_every = tonumber(ARGV[9]), sweep_limit = tonumber(ARGV[10]), nonce = ARGV[11],
+    starts = ARGV[12] == '1'}
+end
+
 -- Claim up to `want` ready entries with leases, appending the deliveries to `out`. Tokens
 -- are the client's random `nonce` plus a sequence number within the call, so no rollback
 -- of the server (failover, restart) can hand out a token twice. Returns how many.

@@ -90,3 +90,13 @@ local function promote_due(k, now, limit)
   end
   return promoted, math.max(0, math.floor(tonumber(first[2]) - now))
 end
+
+-- The bounded recovery a claim runs before it claims: up to `limit` expired leases back,
+-- landing entries given a provisional lease of `grace_ms`, due delayed messages promoted.
+-- Returns the ms until the next delayed message is due (-1: none is delayed).
+local function recover_bounded(k, now, limit, grace_ms)
+  sweep_expired(k, now, limit)
+  adopt_landing(k, now, limit, grace_ms)
+  local _, next_due = promote_due(k, now, limit)
+  return next_due
+end
