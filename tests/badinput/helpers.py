@@ -19,7 +19,7 @@ import redis
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
 from tests.conftest import unavailable
-from tests.plugins.kombu.conftest import wait_for
+from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.badinput.celery_app"

@@ -19,7 +19,8 @@ import pytest
 import redis
 
 from belayq.embedded import RedisServer
-from tests.plugins.kombu.conftest import wait_for
+from tests.conftest import client_of
+from tests.support import wait_for
 
 from .helpers import APP, CeleryWorker, celery_app, kombu_core, runs, start_server
 
@@ -75,16 +76,14 @@ def lone(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[CeleryWorker, An
 
 @pytest.fixture(scope="module")
 def client(server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(port=server.port)
-    yield c
-    c.close()
+    with client_of(server) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")
 def records(server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(port=server.port, db=1)
-    yield c
-    c.close()
+    with client_of(server, db=1) as c:
+        yield c
 
 
 def survives(

@@ -26,8 +26,10 @@ from rq.registry import FailedJobRegistry
 import belayq_rq
 from belayq import DeadLetter
 from belayq.embedded import RedisServer
+from tests.conftest import client_of
 from tests.plugins.rq import jobs
-from tests.plugins.rq.conftest import Workers, wait_for
+from tests.plugins.rq.conftest import Workers
+from tests.support import wait_for
 
 from .helpers import start_server
 
@@ -44,9 +46,8 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def conn(server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(port=server.port)
-    yield c
-    c.close()
+    with client_of(server) as c:
+        yield c
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from belayq import ConnectionLost, Delivery, ReliableQueue
+from tests.conftest import client_of
+from tests.support import wait_for
 
 from .harness import SLACK_S, new_name
 
@@ -43,16 +45,6 @@ def make_client(port: int, setup: str, name: str) -> redis.Redis:
 
 def conns(admin: redis.Redis, name: str) -> list[dict[str, Any]]:
     return [c for c in admin.client_list() if c.get("name") == name]
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.005)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def blocked_ids(admin: redis.Redis, name: str) -> set[str]:
@@ -72,9 +64,8 @@ def retrying(fn: Callable[[], Any], errors: list[Exception], tries: int = 20) ->
 
 @pytest.fixture
 def admin(redis_server) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=redis_server.port)
-    yield client
-    client.close()
+    with client_of(redis_server) as client:
+        yield client
 
 
 def _empty(stats: dict[str, int]) -> bool:
@@ -105,11 +96,13 @@ def test_client_kill_while_blocked_in_blmove(redis_server, admin, qname, setup):
     t = threading.Thread(target=consumer, daemon=True)
     t.start()
     try:
-        [first] = wait_for(lambda: blocked_ids(admin, name), 10, "the consumer to block")
+        [first] = wait_for(
+            lambda: blocked_ids(admin, name), 10, "the consumer to block", step=0.005)
         assert admin.client_kill_filter(_id=first) == 1
         # The consumer is back in BLMOVE on a new connection (after ConnectionLost, or
         # transparently), and the killed BLMOVE moved nothing.
-        again = wait_for(lambda: blocked_ids(admin, name) - {first}, 10, "a new BLMOVE")
+        again = wait_for(
+            lambda: blocked_ids(admin, name) - {first}, 10, "a new BLMOVE", step=0.005)
         assert admin.llen(q.keys.processing) == 0
         mid = q.publish(b"after-kill")
         t.join(15)
@@ -251,7 +244,7 @@ def test_partition_longer_than_the_lease(redis_server, admin, qname, setup):
         errors: list[Exception] = []
         late = retrying(lambda: q.ack(d), errors)
         assert late is False, "a late ack from a cut-off consumer must be refused"
-        wait_for(lambda: not q.held, 5, "the keeper to forget the lost lease")
+        wait_for(lambda: not q.held, 5, "the keeper to forget the lost lease", step=0.005)
         assert other.ack(d2)
         st = other.stats()
     finally:
@@ -321,7 +314,7 @@ def test_reply_lost_after_redis_ran_the_command(
     else:  # BLMOVE / lease: the consumer blocks first, the message comes later
 
         def publish_when_blocked() -> None:
-            wait_for(lambda: blocked_ids(admin, name), 10, "the consumer to block")
+            wait_for(lambda: blocked_ids(admin, name), 10, "the consumer to block", step=0.005)
             other.publish(b"m")
 
         threading.Thread(target=publish_when_blocked, daemon=True).start()

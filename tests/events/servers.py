@@ -28,6 +28,7 @@ import redis
 
 from belayq import Delivery, ReliableQueue
 from belayq.embedded import RedisServer, free_port
+from tests import support
 
 # Lease of the claims made before an event: short, so the surviving node reclaims them soon.
 LEASE_MS = 1500
@@ -40,20 +41,9 @@ POLL_S = 20.0
 # -- polling -------------------------------------------------------------------------------
 
 
-def wait_for(
-    predicate: Callable[[], Any], what: Any, timeout: float = POLL_S, step: float = 0.02
-) -> Any:
-    """Poll ``predicate`` until it returns something true; fail after ``timeout`` s, naming
-    ``what`` (a str, or a callable giving one when the wait failed)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            shown = what() if callable(what) else what
-            raise AssertionError(f"timed out after {timeout} s waiting for {shown}")
-        time.sleep(step)
+def wait_for(predicate: Callable[[], Any], what: Any, timeout: float = POLL_S) -> Any:
+    """:func:`tests.support.wait_for` with this module's generous default timeout."""
+    return support.wait_for(predicate, timeout, what, step=0.02)
 
 
 # -- servers -------------------------------------------------------------------------------
@@ -331,6 +321,14 @@ def reclaim_all(q: ReliableQueue, h: History, first: list[Delivery]) -> list[Del
     time.sleep(0.05)
     q.sweep()
     got += q.claim(timeout=0, count=100)
+    return got
+
+
+def recover_everything(q: ReliableQueue, h: History) -> list[Delivery]:
+    """After the event: M's pre-event lease is swept and M claimed first, then every other
+    message; checks that nothing was lost or claimed twice, and returns the claims."""
+    got = reclaim_all(q, h, [reclaim_m_first(q, h)])
+    check_nothing_lost(q, h, got)
     return got
 
 

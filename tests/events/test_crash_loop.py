@@ -34,7 +34,8 @@ from rq.registry import FailedJobRegistry
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
 from tests.events import rq_jobs
-from tests.events.workers import Proc, child_env, wait_for
+from tests.events.workers import Proc, child_env
+from tests.support import wait_for
 
 RQ_BIN = Path(sys.executable).with_name("rq")
 STEPS = (0, 3, 6, 9)

@@ -45,6 +45,7 @@ from .servers import (
     promote,
     reclaim_all,
     reclaim_m_first,
+    recover_everything,
     replicated,
     run_history,
     start_pair,
@@ -95,9 +96,7 @@ def fail_over(
 def test_no_token_repeats_after_failover(fail_over: Callable[[], FailedOver]) -> None:
     fo = fail_over()
     q, h = fo.queue, fo.history
-    first = reclaim_m_first(q, h)
-    got = reclaim_all(q, h, [first])
-    check_nothing_lost(q, h, got)
+    got = recover_everything(q, h)
     check_tokens_fresh(h, got)
 
 
@@ -108,9 +107,7 @@ def test_stale_settles_after_failover_are_refused(fail_over: Callable[[], Failed
     # While M's old lease runs, M is held under the token the replica has: the token of the
     # claim the promoted node never saw is refused.
     assert q.ack(h.m_lost) is False, "ack with a token the promoted node never saw"
-    first = reclaim_m_first(q, h)
-    got = reclaim_all(q, h, [first])
-    check_nothing_lost(q, h, got)
+    got = recover_everything(q, h)
     check_stale_refused(q, h, got)
 
 

@@ -28,6 +28,7 @@ from redis.crc import key_slot
 
 from belayq import ConnectionLost, Delivery, ReliableQueue
 from belayq.embedded import RedisClusterServers
+from tests import support
 
 from .servers import closing_all, make_queue, sizes, wait_for
 
@@ -287,7 +288,7 @@ def test_queue_slot_migrates_under_load(
 
             with_drain = True
             try:
-                wait_for(drained, "the consumers to drain the queue", timeout=25, step=0.2)
+                support.wait_for(drained, 25, "the consumers to drain the queue", step=0.2)
             except AssertionError:
                 with_drain = False
         finally:

@@ -46,7 +46,7 @@ from .servers import (
     kill9,
     make_queue,
     reclaim_all,
-    reclaim_m_first,
+    recover_everything,
     restart,
     run_history,
 )
@@ -119,18 +119,14 @@ def restarted(
 def test_no_token_repeats_after_restart(restarted: Callable[[], Restarted]) -> None:
     r = restarted()
     q, h = r.queue, r.history
-    first = reclaim_m_first(q, h)
-    got = reclaim_all(q, h, [first])
-    check_nothing_lost(q, h, got)
+    got = recover_everything(q, h)
     check_tokens_fresh(h, got)
 
 
 def test_stale_settles_after_restart_are_refused(restarted: Callable[[], Restarted]) -> None:
     r = restarted()
     q, h = r.queue, r.history
-    first = reclaim_m_first(q, h)
-    got = reclaim_all(q, h, [first])
-    check_nothing_lost(q, h, got)
+    got = recover_everything(q, h)
     check_stale_refused(q, h, got)
 
 

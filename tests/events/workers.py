@@ -7,19 +7,9 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-from tests.events import servers
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: Any, step: float = 0.05) -> Any:
-    """:func:`tests.events.servers.wait_for` with the timeout first (``what`` may be a
-    callable giving the text, evaluated only on failure)."""
-    return servers.wait_for(predicate, what, timeout, step)
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -20,8 +20,10 @@ from belayq.claim_any import claim_any
 from belayq.embedded import RedisServer
 from belayq.keeper import KEEPER
 from tests.badinput.helpers import ROOT, CeleryWorker, celery_app, kombu_core, start_server
+from tests.conftest import client_of
 from tests.plugins.rq import jobs
-from tests.plugins.rq.conftest import Workers, wait_for
+from tests.plugins.rq.conftest import Workers
+from tests.support import wait_for
 
 PASSWORD = "acl-test-pw"
 
@@ -59,9 +61,8 @@ def server() -> Iterator[RedisServer]:
 
 @pytest.fixture(scope="module")
 def admin(server: RedisServer) -> Iterator[redis.Redis]:
-    c = redis.Redis(port=server.port)
-    yield c
-    c.close()
+    with client_of(server) as c:
+        yield c
 
 
 def as_user(server: RedisServer, user: str, db: int = 0) -> redis.Redis:

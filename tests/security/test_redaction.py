@@ -18,7 +18,8 @@ import belayq_rq
 from belayq import ReliableQueue
 from belayq.embedded import free_port
 from tests.badinput.helpers import ROOT, CeleryWorker, child_env, start_server
-from tests.plugins.rq.conftest import Workers, wait_for
+from tests.plugins.rq.conftest import Workers
+from tests.support import wait_for
 
 SECRET = "SECRETPW"
 

@@ -24,7 +24,8 @@ from tests.badinput.helpers import CeleryWorker, celery_app, start_server
 from tests.conftest import unavailable
 from tests.plugins.kombu.test_transport import drain
 from tests.plugins.rq import jobs
-from tests.plugins.rq.conftest import Workers, wait_for
+from tests.plugins.rq.conftest import Workers
+from tests.support import wait_for
 
 
 def make_ca(d: Path) -> Path:

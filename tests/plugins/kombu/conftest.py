@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 import redis
 
 import belayq_kombu  # noqa: F401  (registers belayq://)
+from tests.support import wait_for
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -43,17 +43,6 @@ def stock_url(port: int) -> str:
 def kq() -> str:
     """A kombu queue name no other test uses."""
     return f"kq-{uuid.uuid4().hex[:10]}"
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
 
 
 class Worker:

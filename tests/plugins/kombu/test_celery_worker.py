@@ -22,7 +22,9 @@ from typing import Any
 import pytest
 import redis
 
-from .conftest import CELERY, HERE, Worker, wait_for
+from tests.support import wait_for
+
+from .conftest import CELERY, HERE, Worker
 
 Records = Callable[[], list[dict[str, Any]]]
 
@@ -89,7 +91,7 @@ def test_kill9_of_the_main_process_mid_task_loses_nothing(
     w1.kill9()
     killed = time.time()
     running = set(events(records, "start")) - set(events(records, "done"))
-    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
+    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", step=0.2)
     restarts = sorted(r["t"] - killed for r in records() if r["ev"] == "start" and r["t"] > killed)
     all_done = max(r["t"] for r in records() if r["ev"] == "done") - killed
     print(f"\nkill -9 of the main process (acks_late, lease 3 s, sweep 0.5 s): worker 2 "
@@ -112,7 +114,7 @@ def test_kill9_of_a_pool_child_mid_task_reruns_it(
     victim = first[0]
     os.kill(victim["pid"], signal.SIGKILL)
     killed = time.time()
-    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
+    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", step=0.2)
     again = min(r["t"] for r in records() if r["ev"] == "start" and r["i"] == victim["i"]
                 and r["t"] > killed)
     print(f"\nkill -9 of a pool child: its task ran again {again - killed:.2f} s later")
@@ -138,7 +140,7 @@ def test_acks_late_false_protects_prefetched_tasks_not_running_ones(
     running = set(events(records, "start")) - set(events(records, "done"))
     workers("--pool=prefork", "-c", "2", **env).wait_ready()
     expected = set(range(10)) - running
-    wait_for(lambda: set(events(records, "done")) >= expected, 60, "the rest", every=0.2)
+    wait_for(lambda: set(events(records, "done")) >= expected, 60, "the rest", step=0.2)
     time.sleep(4)  # a lease more: nothing else comes back
     print(f"\nacks_late=False: {len(running)} task(s) running at the kill were acked at start "
           f"and not re-run; the other {len(expected)} all completed")
@@ -157,7 +159,7 @@ def test_a_task_and_an_eta_three_leases_long_run_exactly_once(
     mod.sleeper.apply_async((2, 0.1), countdown=6.0)  # ETA 3 x the lease
     wait_for(lambda: events(records, "start")[1] == 1, 30, "the long task to start")
     workers("--pool=prefork", "-c", "2", **env).wait_ready()  # a rival that would take copies
-    wait_for(lambda: len(events(records, "done")) == 2, 40, "both done", every=0.2)
+    wait_for(lambda: len(events(records, "done")) == 2, 40, "both done", step=0.2)
     time.sleep(2.5)
     assert events(records, "start") == collections.Counter({1: 1, 2: 1})
     assert events(records, "done") == collections.Counter({1: 1, 2: 1})
@@ -200,7 +202,7 @@ def test_a_connection_blip_does_not_rerun_running_tasks(
         mod.sleeper.delay(i, 4.0)
     wait_for(lambda: sum(events(records, "start").values()) >= 2, 30, "two tasks to start")
     killed = redis.Redis(port=port).client_kill_filter(_type="normal", skipme=True)
-    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", every=0.2)
+    wait_for(lambda: len(events(records, "done")) == 4, 60, "every task done", step=0.2)
     time.sleep(2)  # a few sweeps: nothing may come back
     print(f"\nconnection blip: killed {killed} client connection(s) mid-task")
     assert "Connection to broker lost" in w.text()

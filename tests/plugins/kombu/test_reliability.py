@@ -15,7 +15,8 @@ from typing import Any
 import kombu
 import redis
 
-from .conftest import wait_for
+from tests.support import wait_for
+
 from .test_transport import drain, publish, stats
 
 LEASE = {"visibility_timeout": 1.0, "sweep_interval": 0.2}

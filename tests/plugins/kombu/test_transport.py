@@ -15,8 +15,7 @@ from kombu.transport import TRANSPORT_ALIASES
 
 import belayq_kombu
 from belayq_kombu.transport import Transport
-
-from .conftest import wait_for
+from tests.support import wait_for
 
 
 def drain(conn: kombu.Connection, queues: list[kombu.Queue], n: int, *, ack: bool = True,

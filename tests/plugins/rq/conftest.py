@@ -9,8 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,16 @@ import pytest
 import redis
 
 from belayq.embedded import RedisServer
-from tests.conftest import flushed_client, private_server
+from tests.conftest import flushed_client
 
 ROOT = Path(__file__).resolve().parents[3]
 RQ_BIN = Path(sys.executable).with_name("rq")
 
 
 @pytest.fixture(scope="session")
-def rq_server() -> Iterator[RedisServer]:
-    """A redis-server only the RQ tests use (flushed before each test)."""
-    with private_server() as server:
-        yield server
+def rq_server(private_redis: RedisServer) -> RedisServer:
+    """The redis-server the RQ tests flush before each test."""
+    return private_redis
 
 
 @pytest.fixture
@@ -96,13 +94,3 @@ def workers(rq_url: str, tmp_path: Path) -> Iterator[Workers]:
     w.stop_all()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, step: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail with ``what`` on timeout."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(step)

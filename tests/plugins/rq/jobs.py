@@ -35,7 +35,8 @@ class FastSimpleWorker(belayq_rq.SimpleWorker):
     queue_class = FastQueue
 
 
-def _record(event: str) -> None:
+def note_run(event: str) -> None:
+    """Note an event of the current job in ``runs:<job id>`` as ``<event>:<pid>:<time>``."""
     job = get_current_job()
     assert job is not None
     job.connection.rpush(f"runs:{job.id}", f"{event}:{os.getpid()}:{time.time():.6f}")
@@ -50,22 +51,22 @@ def noop() -> None:
 
 
 def record(tag: str = "") -> str:
-    _record("start")
-    _record("done")
+    note_run("start")
+    note_run("done")
     return tag
 
 
 def sleeper(seconds: float) -> float:
-    _record("start")
+    note_run("start")
     time.sleep(seconds)
-    _record("done")
+    note_run("done")
     return seconds
 
 
 def hold_gil(seconds: float) -> float:
     """C calls that keep the GIL for at least ``seconds`` (sum over a range never lets
     another thread of this process run)."""
-    _record("start")
+    note_run("start")
     t0 = time.perf_counter()
     sum(range(2_000_000))
     per_item = (time.perf_counter() - t0) / 2_000_000
@@ -73,18 +74,18 @@ def hold_gil(seconds: float) -> float:
     while time.perf_counter() - t0 < seconds:  # calibrated under load, it may run faster
         sum(range(max(1, int((seconds - (time.perf_counter() - t0)) / per_item))))
     held = time.perf_counter() - t0
-    _record("done")
+    note_run("done")
     return held
 
 
 def fail() -> None:
-    _record("start")
+    note_run("start")
     raise ValueError("this job always fails")
 
 
 def kill_my_horse() -> None:
     """Dies like an OOM kill: SIGKILL to its own process, every time it runs."""
-    _record("start")
+    note_run("start")
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -93,10 +94,10 @@ def kill_horse_once() -> str:
     job = get_current_job()
     assert job is not None
     first = job.connection.llen(f"runs:{job.id}") == 0
-    _record("start")
+    note_run("start")
     if first:
         os.kill(os.getpid(), signal.SIGKILL)
-    _record("done")
+    note_run("done")
     return "survived"
 
 

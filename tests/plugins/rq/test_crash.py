@@ -24,7 +24,8 @@ from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 import belayq_rq
 from tests.plugins.rq import jobs
-from tests.plugins.rq.conftest import Workers, wait_for
+from tests.plugins.rq.conftest import Workers
+from tests.support import wait_for
 
 FAST = "tests.plugins.rq.jobs.FastWorker"
 FAST_SIMPLE = "tests.plugins.rq.jobs.FastSimpleWorker"
