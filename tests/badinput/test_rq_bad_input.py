@@ -26,28 +26,12 @@ from rq.registry import FailedJobRegistry
 import belayq_rq
 from belayq import DeadLetter
 from belayq.embedded import RedisServer
-from tests.conftest import client_of
 from tests.plugins.rq import jobs
 from tests.plugins.rq.conftest import Workers
 from tests.support import wait_for
 
-from .helpers import start_server
-
 QUEUE = "bad"
 TWENTY_MB = 20 * 1024 * 1024
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[RedisServer]:
-    s = start_server()
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def conn(server: RedisServer) -> Iterator[redis.Redis]:
-    with client_of(server) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")
