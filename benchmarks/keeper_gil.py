@@ -52,6 +52,7 @@ import redis
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
 from belayq.keeper import KEEPER
+from benchmarks.stats import table
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP_PERIOD_S = 0.05
@@ -253,16 +254,6 @@ def run_case(q: InstrumentedQueue, label: str, fn: Callable[[], object], sweep_l
         verdict=verdict,
         gaps_ms=[round(g, 1) for g in gaps],
     )
-
-
-def table(header: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-
-    def fmt(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
-
-    return "\n".join([fmt(header), "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-                      *(fmt(r) for r in rows)])
 
 
 def main(argv: list[str] | None = None) -> int:

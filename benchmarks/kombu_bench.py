@@ -34,7 +34,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -47,6 +46,7 @@ import redis
 from celery import Celery
 
 import belayq_kombu  # noqa: F401  (registers belayq://)
+from benchmarks.stats import med
 
 HERE = Path(__file__).resolve().parent
 TRACE = bool(os.environ.get("BENCH_TRACE"))
@@ -84,7 +84,7 @@ def url(scheme: str, port: int) -> str:
 
 
 def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    return {"median": med(values), "min": min(values), "max": max(values)}
 
 
 def in_flight(scheme: str, port: int, queue: str) -> int:

@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +48,7 @@ from rq.job import Job
 
 import belayq_rq
 from belayq.embedded import RedisServer
+from benchmarks.stats import med, spread
 
 ROOT = Path(__file__).resolve().parent.parent
 RQ_BIN = str(Path(sys.executable).with_name("rq"))
@@ -155,14 +155,9 @@ def recovery(conn: redis.Redis, url: str, worker: str, window: float) -> float |
         b.wait()
 
 
-def med(values: list[float]) -> float:
-    return statistics.median(values)
-
-
 def line(name: str, stock: list[float], ours: list[float], unit: str) -> str:
     ratio = med(ours) / med(stock)
-    return (f"| {name} | {med(stock):,.0f} ({min(stock):,.0f}-{max(stock):,.0f}) | "
-            f"{med(ours):,.0f} ({min(ours):,.0f}-{max(ours):,.0f}) | {ratio:.2f}x | {unit} |")
+    return f"| {name} | {spread(stock, ',.0f')} | {spread(ours, ',.0f')} | {ratio:.2f}x | {unit} |"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -53,7 +53,7 @@ import statistics
 import sys
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +62,8 @@ import redis
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
 from belayq.sources import SCRIPT_COMMANDS
-from benchmarks.core_bench import environment
+from benchmarks.core.environment import environment
+from benchmarks.stats import med_or_none
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "scale.json"
@@ -125,10 +126,6 @@ def envelopes(n: int, queue: str, start: int = 0) -> list[bytes]:
 def _need(cond: bool, what: str) -> None:
     if not cond:
         raise RuntimeError(f"benchmark invariant broken: {what}")
-
-
-def med(values: Sequence[float]) -> float | None:
-    return float(statistics.median(values)) if values else None
 
 
 def used_memory(r: redis.Redis) -> int:
@@ -250,9 +247,9 @@ class BelayqCase:
         s = q.stats()
         _need(s["in_flight"] == held and s["ready"] == 0, f"after rep: {s}")
         return {"claim_ack_per_s": rate, "claim_ack_server_us": (u1 - u0) / ops,
-                "sweep_server_ms": med(server),
-                "sweep_wall_ms": med(wall), "reclaim_server_ms": med(r_server),
-                "reclaim_wall_ms": med(r_wall)}
+                "sweep_server_ms": med_or_none(server),
+                "sweep_wall_ms": med_or_none(wall), "reclaim_server_ms": med_or_none(r_server),
+                "reclaim_wall_ms": med_or_none(r_wall)}
 
 
 # -- stock kombu --------------------------------------------------------------------------
@@ -366,7 +363,7 @@ def run_held(r: redis.Redis, port: int, held: int, args: argparse.Namespace) -> 
               flush=True)
     for data in out.values():
         keys = data["reps"][0].keys()
-        data["median"] = {k: med([x[k] for x in data["reps"]]) for k in keys}
+        data["median"] = {k: med_or_none([x[k] for x in data["reps"]]) for k in keys}
     r.flushdb()
     return out
 

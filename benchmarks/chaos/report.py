@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .faults import KINDS
 
 SHORT = {"kill-main": "main", "kill-child": "child", "kill-many": "many",
          "client-kill": "conn", "redis-restart": "restart", "freeze": "freeze"}  # fmt: skip
+
+
+# The lines under a stack's table row that show only when their field is non-empty:
+# (the field, the line).
+NOTES: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+    ("faults_unverified", lambda r: f"faults NOT verified: {r['faults_unverified']}"),
+    ("duplicated",
+     lambda r: f"duplicates at a fault, by the fault's kind: {r['dup_at_fault_by_kind']}"),
+    ("dup_not_at_fault",
+     lambda r: f"duplicates NOT in flight at any fault: {r['dup_not_at_fault_detail'][:5]}"),
+    ("lost", lambda r: f"lost ({r['lost_never_started']} never started; still in "
+                       f"{r['lost_where']}): {r['lost_ids'][:10]}"),
+    ("unrecovered", lambda r: f"in flight at a kill and never started again: {r['unrecovered']}"),
+    ("worker_events", lambda r: f"workers that exited by themselves: {len(r['worker_events'])}"),
+    ("publish_errors", lambda r: f"publish errors (retried): {r['publish_errors']}"),
+]
 
 
 def _s(x: float | None) -> str:
@@ -59,22 +76,6 @@ def details(r: dict[str, Any]) -> str:
         out.append(
             f"- broker restarts: {len(outages)}, outage (stop to PONG) max {max(outages):.2f} s"
         )
-    if r["faults_unverified"]:
-        out.append(f"- faults NOT verified: {r['faults_unverified']}")
-    if r["duplicated"]:
-        out.append(f"- duplicates at a fault, by the fault's kind: {r['dup_at_fault_by_kind']}")
-    if r["dup_not_at_fault"]:
-        out.append(f"- duplicates NOT in flight at any fault: {r['dup_not_at_fault_detail'][:5]}")
-    if r["lost"]:
-        out.append(
-            f"- lost ({r['lost_never_started']} never started; still in {r['lost_where']}): "
-            f"{r['lost_ids'][:10]}"
-        )
-    if r["unrecovered"]:
-        out.append(f"- in flight at a kill and never started again: {r['unrecovered']}")
-    if r["worker_events"]:
-        out.append(f"- workers that exited by themselves: {len(r['worker_events'])}")
-    if r["publish_errors"]:
-        out.append(f"- publish errors (retried): {r['publish_errors']}")
+    out += [f"- {note(r)}" for key, note in NOTES if r[key]]
     out.append(f"- core stats: {r['core_stats']}; stack stats: {r['stack_stats']}")
     return "\n".join(out)
