@@ -171,25 +171,26 @@ def make_queue(qname: str) -> Iterator[Callable[..., ReliableQueue]]:
         q.close(release=False)
 
 
-PEER_TEST = (
-    "tests/plugins/rq/test_rq_peer_suite.py::test_rq_own_suite_passes_with_belayq_swapped_in"
-)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that wait for a background run go last: the run has the whole session."""
+    from tests import background
+
+    waiting = {s.test for s in background.SPECS}
+    items.sort(key=lambda item: item.nodeid in waiting)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start RQ's own suite in the background when this session will run it (it runs in a
-    network namespace of its own and takes minutes; its test waits for it)."""
-    import shutil
+    """Start the long third-party runs this session's tests wait for (RQ's own suite, the
+    tox matrix subset) in the background, one after the other (tests/background.py)."""
+    from tests import background
 
-    if not (CI or os.environ.get("BELAYQ_PEER") == "1") or shutil.which("unshare") is None:
+    if session.config.option.collectonly:
         return
-    if any(item.nodeid == PEER_TEST for item in session.items):
-        from tests.plugins.rq.peer import background
-
-        background.start()
+    collected = {item.nodeid for item in session.items}
+    background.start([s.name for s in background.SPECS if s.test in collected and s.wanted()])
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    from tests.plugins.rq.peer import background
+    from tests import background
 
-    background.stop()
+    background.stop_all()

@@ -15,9 +15,9 @@ import shutil
 
 import pytest
 
+from tests import background
 from tests.conftest import CI, unavailable
 from tests.plugins.rq.conftest import ROOT
-from tests.plugins.rq.peer import background
 
 
 @pytest.mark.slow
@@ -27,7 +27,7 @@ def test_rq_own_suite_passes_with_belayq_swapped_in() -> None:
         pytest.skip("RQ's own suite takes 2-4 min: runs under CI=true or BELAYQ_PEER=1")
     if shutil.which("unshare") is None:
         unavailable("`unshare` is needed to give RQ's suite a private localhost:6379")
-    code, stdout, stderr = background.start().wait(880)  # started when collected
+    code, stdout, stderr = background.get("rq-peer").wait(880)  # started when collected
     summary = re.search(r"^RQ \S+ test suite, belayq_rq.*", stdout, re.M | re.S)
     print(summary.group(0) if summary else stdout[-3000:])
     assert code == 0, stdout[-6000:] + stderr[-3000:]
