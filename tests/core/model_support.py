@@ -580,6 +580,25 @@ class Model:
         self.count("stale_acks", stale)
         return released
 
+    def defer(self, triples: list[tuple[str, str, int]]) -> int:
+        deferred = stale = 0
+        for mid, token, delay in triples:
+            m = self.holds(mid, token)
+            if m is not None:
+                self.leases.pop(mid, None)
+                m.n = max(0, m.n - 1)
+                if m.s:
+                    m.a = max(0, m.a - 1)
+                m.t, m.s = "", False
+                self.meta[mid] = m
+                self.delayed[mid] = self.stamp(delay, delay * TICK_MS)
+                deferred += 1
+            elif mid in self.meta:
+                stale += 1
+        self.count("deferred", deferred)
+        self.count("stale_acks", stale)
+        return deferred
+
     def sweep(self) -> tuple[bool, int, int, int, int, int]:
         reclaimed, died, adopted = self.sweep_expired(SWEEP_LIMIT)
         orphans = self.adopt_landing(SWEEP_LIMIT)

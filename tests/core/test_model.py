@@ -109,7 +109,7 @@ DELAYS = st.sampled_from([0, 0, 0, 1, 2, 3])  # ticks
 DEDUPS = st.sampled_from([None] * 8 + ["a", "b"])
 REASONS = st.sampled_from(["", "boom", "bad input"])
 BURY_REASONS = st.sampled_from(["malformed", "unknown task"])
-SETTLING = ("ack", "ack_many", "ack_claim", "nack", "bury", "release")
+SETTLING = ("ack", "ack_many", "ack_claim", "nack", "bury", "release", "defer")
 
 
 def priorities(last: int) -> st.SearchStrategy[int]:
@@ -131,7 +131,7 @@ class Held:
 class Settle:
     """One settle-side call of a consumer (re-sendable as it was)."""
 
-    op: str  # ack ack_many ack_claim nack bury release extend start_now start_later
+    op: str  # ack ack_many ack_claim nack bury release defer extend start_now start_later
     consumer: int
     ds: tuple[Delivery, ...]
     delay: int = 0
@@ -488,6 +488,7 @@ class QueueMachine(RuleBasedStateMachine):
                     "nack": lambda: q.nack(ds[0], delay_ms=s.delay * TICK_MS, reason=s.reason),
                     "bury": lambda: q.dead_letter(ds[0], s.reason),
                     "release": lambda: q.release(ds),
+                    "defer": lambda: q.defer([(d, s.delay * TICK_MS) for d in ds]),
                 }[s.op]()
             except BaseException:
                 cl.restore(ds)
@@ -507,6 +508,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "nack": lambda: m.nack(*pairs[0], s.delay, s.reason, False),
                 "bury": lambda: m.nack(*pairs[0], 0, s.reason, True) == "dead",
                 "release": lambda: m.release(pairs),
+                "defer": lambda: m.defer([(i, t, s.delay) for i, t in pairs]),
             }[s.op]()
         elif s.op == "start_later" or (s.op == "start_now" and self.claim_starts):
             got = q.start(ds, now=s.op == "start_now")  # no call: at most marks the starts
@@ -544,6 +546,7 @@ class QueueMachine(RuleBasedStateMachine):
                 "nack": "stale",
                 "bury": False,
                 "release": 0,
+                "defer": 0,
                 "extend": [False] * len(s.ds),
             }
             assert got == refused.get(s.op), (s, got)
@@ -592,10 +595,21 @@ class QueueMachine(RuleBasedStateMachine):
         self.settle(Settle("release", chosen[0].consumer, tuple(h.delivery for h in chosen)))
         self.settled(chosen)
 
+    @precondition(lambda self: self.held)
+    @rule(data=st.data(), delay=st.sampled_from([0, 1, 2]))
+    def defer(self, data: st.DataObject, delay: int) -> None:
+        """Hand unstarted claims back to the delayed set (a consumer that found a Celery
+        ETA still ahead)."""
+        self.begin()
+        chosen = self.pick_held(data, 3)
+        self.settle(Settle("defer", chosen[0].consumer, tuple(h.delivery for h in chosen),
+                           delay=delay))
+        self.settled(chosen)
+
     @precondition(lambda self: self.model is not None and (self.history or self.m.live()))
     @rule(
         data=st.data(),
-        op=st.sampled_from(["ack", "nack", "bury", "extend", "release", "start_now"]),
+        op=st.sampled_from(["ack", "nack", "bury", "extend", "release", "defer", "start_now"]),
     )
     def stale_settle(self, data: st.DataObject, op: str) -> None:
         """A settle with a token that does not hold the message (an old claim's, the sweep's

@@ -824,6 +824,52 @@ class TestRelease:
         assert q.release([again]) == 0 and q.stats()["stale_acks"] == 1
 
 
+# -- defer ---------------------------------------------------------------------------------
+
+
+class TestDefer:
+    def test_waits_in_the_delayed_set_uncounted_until_due(self, q: ReliableQueue) -> None:
+        a, b = q.publish_many([b"1", b"2"])
+        d1, d2 = q.claim(timeout=0, count=2)
+        before = server_ms(q)
+        assert q.defer([(d1, 5_000), (d2, 0)]) == 2
+        assert q.client.zcard(q.keys.leases) == 0 and ready_ids(q) == []
+        due = dict(q.client.zrange(q.keys.delayed, 0, -1, withscores=True))
+        assert before + 5_000 <= due[a.encode()] <= server_ms(q) + 5_000
+        assert before <= due[b.encode()] <= server_ms(q)
+        [got] = q.claim(timeout=0)  # only b is due
+        assert (got.id, got.deliveries, got.attempts) == (b, 1, 1)
+        assert q.ack(got)
+        advance(q, 5_001)
+        [got] = q.claim(timeout=0)
+        assert (got.id, got.deliveries, got.attempts) == (a, 1, 1)  # the deferral did not count
+        assert q.stats()["deferred"] == 2
+
+    def test_an_inline_payload_waits_and_comes_back_whole(self, inline: ReliableQueue) -> None:
+        inline.client.rpush(inline.keys.ready, b"payload-x")
+        [d] = inline.claim(timeout=0)
+        assert inline.defer([(d, 1_000)]) == 1
+        assert inline.client.llen(inline.keys.ready) == 0
+        advance(inline, 1_001)
+        [again] = inline.claim(timeout=0)
+        assert (again.payload, again.deliveries) == (b"payload-x", 1)
+
+    def test_stale_not_deferred(self, q: ReliableQueue) -> None:
+        q.publish(b"a")
+        [d] = q.claim(timeout=0)
+        advance(q, 1_001)
+        [again] = q.claim(timeout=0)
+        assert q.defer([(d, 10_000)]) == 0 and q.stats()["stale_acks"] == 1
+        assert q.client.zcard(q.keys.delayed) == 0 and lease_of(q, again.id) is not None
+
+    def test_a_negative_delay_is_refused(self, q: ReliableQueue) -> None:
+        q.publish(b"a")
+        [d] = q.claim(timeout=0)
+        with pytest.raises(ConfigError, match="delay_ms"):
+            q.defer([(d, -1)])
+        assert q.held == [d]  # nothing was sent: still held, still kept
+
+
 # -- sweep ---------------------------------------------------------------------------------
 
 

@@ -152,6 +152,11 @@ class QueueConfig:
         return self.heartbeat_interval_ms or max(10, self.lease_ms // 3)
 
     @property
+    def durable(self) -> bool:
+        """Whether writes wait for replicas (``wait_replicas``)."""
+        return self.wait_replicas > 0
+
+    @property
     def dead_after_runs(self) -> int:
         """Runs after which the scripts dead-letter a failed message: ``max_deliveries``,
         plus the final hand-over claim when ``exhausted="deliver"``."""

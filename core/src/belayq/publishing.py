@@ -22,10 +22,6 @@ class Publishing:
     config: QueueConfig
     _scripts: ScriptRunner
 
-    @property
-    def _durable(self) -> bool:
-        return self.config.wait_replicas > 0
-
     def level_of(self, priority: int) -> int:
         """The 1-based ready level of ``priority`` (largest step not above it).
 
@@ -64,7 +60,7 @@ class Publishing:
             self.config.dedup_window_ms,
             *args,
             request_id=str(groups[0][0]),
-            durable=self._durable,
+            durable=self.config.durable,
         )
         return [
             Published(_text(reply[i]), bool(int(reply[i + 1])), _text(reply[i + 2]))

@@ -5,33 +5,32 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import client_info
 from .admin import QueueAdmin
 from .config import QueueConfig
 from .config import check_count as _check_count
-from .constants import CLAIM_NONCE_BYTES, REASON_MAX_CHARS, SWEEP_BATCH, WAIT_FOREVER_ROUND_S
+from .constants import CLAIM_NONCE_BYTES, SWEEP_BATCH, WAIT_FOREVER_ROUND_S
 from .errors import ConfigError, RedisTooOld, SchemaMismatch
 from .errors import redis_errors as _redis_errors
-from .holding import FORKABLE, HeldClaims
+from .holding import FORKABLE
 from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, QueueKeys
 from .models import Delivery, SweepResult
-from .models import text as _text
 from .publishing import Publishing
 from .scripts import Arg, ScriptRunner
+from .settling import Settling
 
 log = logging.getLogger("belayq")
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
 _CHECKED = "_belayq_checked_versions"
 
 
-class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
+class ReliableQueue(Publishing, Settling, QueueAdmin):
     """An at-least-once queue on Redis: nothing lost, nothing run twice while its worker lives.
 
     A claim is a lease: an entry of the queue's lease set with a deadline on the server's
@@ -230,28 +229,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
         if self._use_keeper:
             KEEPER.register(self)
 
-    @staticmethod
-    def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
-        return [x for d in deliveries for x in (d.id, d.token)]
-
-    # -- settling --------------------------------------------------------------------
-
-    def ack(self, delivery: Delivery) -> bool:
-        """Settle a claim for good. False (and counted) if another claim holds it now."""
-        return self.ack_many([delivery])[0]
-
-    @_redis_errors
-    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """Ack many claims in one script; one bool per claim.
-
-        A claim whose message is no longer in the queue at all (a re-sent ack whose first
-        run settled it) answers True.
-        """
-        if not deliveries:
-            return []
-        with self._settling(deliveries):
-            reply = self._scripts.run("ack", *self._pairs(deliveries), durable=self._durable)
-        return [bool(int(x)) for x in reply]
+    # -- settling (see also Settling) -------------------------------------------------
 
     @_redis_errors
     def ack_and_claim(
@@ -264,7 +242,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
             One bool per acked claim, and the new deliveries (``[]`` if none waits).
         """
         _check_count(count)
-        if self._durable:
+        if self.config.durable:
             return self.ack_many(deliveries), self.try_claim(count)[0]
         self._keep()
         args = self._claim_args(count)
@@ -274,50 +252,6 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
                 ("claim", args, str(args[4])),
             )
         return [bool(int(x)) for x in acked], self._take(claimed[1:])
-
-    def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
-        """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
-        trip of its own). It is sent as EVAL with the script's text, so a server that lost
-        its script cache (restart, failover, SCRIPT FLUSH) still commits it with the rest of
-        the caller's transaction. The reply, one 1/0 per claim, comes with the pipeline's."""
-        self._forget(deliveries)
-        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
-
-    @_redis_errors
-    def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
-        """Give a claim back after a failed run (the run counts as an attempt).
-
-        Args:
-            delivery: The claim.
-            delay_ms: 0 = ready again now (front of its list); > 0 = delayed that long;
-                None = exponential backoff with jitter from ``retry_base_ms``.
-            reason: Kept as the message's last error (shown in dead letters).
-
-        Returns:
-            ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries runs reached) or
-            ``"stale"`` (another claim holds it now, or it is gone).
-        """
-        if delay_ms is None:
-            delay_ms = self.backoff_ms(max(delivery.attempts, delivery.deliveries))
-        with self._settling([delivery]):
-            args: list[Arg] = [delivery.id, delivery.token, delay_ms,
-                               reason[:REASON_MAX_CHARS], "0"]
-            reply = self._scripts.run("nack", *args, durable=self._durable)
-        return _text(reply)
-
-    @_redis_errors
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
-        """Dead-letter a claim now (a malformed or unknown message). False if stale."""
-        with self._settling([delivery]):
-            args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
-            reply = self._scripts.run("nack", *args, durable=self._durable)
-        return _text(reply) == "dead"
-
-    def backoff_ms(self, deliveries: int) -> int:
-        """Exponential backoff with jitter for a message run ``deliveries`` times: drawn
-        between half the capped exponential and all of it ("equal jitter")."""
-        cap = min(self.config.retry_max_ms, self.config.retry_base_ms * 2 ** max(0, deliveries - 1))
-        return random.randint(cap // 2, cap)
 
     @_redis_errors
     def extend(self, deliveries: Sequence[Delivery]) -> list[bool]:
@@ -334,7 +268,7 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
             args += [d.id, d.token, "1" if d.id in starting else "0"]
         reply = self._scripts.run(
             "extend", self.config.lease_ms, "1" if count_stale else "0", *args,
-            durable=self._durable,
+            durable=self.config.durable,
         )
         with self._lock:
             self._starting.difference_update(d.id for d in deliveries)
@@ -353,17 +287,6 @@ class ReliableQueue(Publishing, HeldClaims, QueueAdmin):
             self._starting.update(d.id for d in deliveries if d.id in self._held)
         if now:
             self._extend(deliveries, count_stale=False)
-
-    @_redis_errors
-    def release(self, deliveries: Sequence[Delivery]) -> int:
-        """Hand unstarted claims back to the front of the queue (uncounted deliveries)."""
-        if not deliveries:
-            return 0
-        with self._settling(deliveries):
-            released = int(
-                self._scripts.run("release", *self._pairs(deliveries), durable=self._durable)
-            )
-        return released
 
     # -- upkeep ----------------------------------------------------------------------
 

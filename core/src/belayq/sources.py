@@ -27,6 +27,7 @@ SCRIPT_NAMES = (
     "nack",
     "extend",
     "release",
+    "defer",
     "sweep",
     "replay",
     "purge",

@@ -1,0 +1,124 @@
+"""Settling claims: :meth:`ack`, :meth:`nack`, :meth:`dead_letter`, :meth:`release` and
+:meth:`defer` of :class:`~belayq.ReliableQueue` (mixed into it). Each presents the claim's
+fencing token; a claim another one holds now is refused and counted (``stale_acks``)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .config import QueueConfig
+from .constants import REASON_MAX_CHARS
+from .errors import ConfigError
+from .errors import redis_errors as _redis_errors
+from .holding import HeldClaims
+from .models import Delivery
+from .models import text as _text
+from .scripts import Arg, ScriptRunner
+
+
+class Settling(HeldClaims):
+    """Settling claims, mixed into :class:`~belayq.ReliableQueue`."""
+
+    config: QueueConfig
+    _scripts: ScriptRunner
+
+    @staticmethod
+    def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
+        return [x for d in deliveries for x in (d.id, d.token)]
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Settle a claim for good. False (and counted) if another claim holds it now."""
+        return self.ack_many([delivery])[0]
+
+    @_redis_errors
+    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
+        """Ack many claims in one script; one bool per claim.
+
+        A claim whose message is no longer in the queue at all (a re-sent ack whose first
+        run settled it) answers True.
+        """
+        if not deliveries:
+            return []
+        with self._settling(deliveries):
+            reply = self._scripts.run("ack", *self._pairs(deliveries), durable=self.config.durable)
+        return [bool(int(x)) for x in reply]
+
+    def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
+        """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
+        trip of its own). It is sent as EVAL with the script's text, so a server that lost
+        its script cache (restart, failover, SCRIPT FLUSH) still commits it with the rest of
+        the caller's transaction. The reply, one 1/0 per claim, comes with the pipeline's."""
+        self._forget(deliveries)
+        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
+
+    @_redis_errors
+    def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
+        """Give a claim back after a failed run (the run counts as an attempt).
+
+        Args:
+            delivery: The claim.
+            delay_ms: 0 = ready again now (front of its list); > 0 = delayed that long;
+                None = exponential backoff with jitter from ``retry_base_ms``.
+            reason: Kept as the message's last error (shown in dead letters).
+
+        Returns:
+            ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries runs reached) or
+            ``"stale"`` (another claim holds it now, or it is gone).
+        """
+        if delay_ms is None:
+            delay_ms = self.backoff_ms(max(delivery.attempts, delivery.deliveries))
+        with self._settling([delivery]):
+            args: list[Arg] = [delivery.id, delivery.token, delay_ms,
+                               reason[:REASON_MAX_CHARS], "0"]
+            reply = self._scripts.run("nack", *args, durable=self.config.durable)
+        return _text(reply)
+
+    @_redis_errors
+    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+        """Dead-letter a claim now (a malformed or unknown message). False if stale."""
+        with self._settling([delivery]):
+            args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
+            reply = self._scripts.run("nack", *args, durable=self.config.durable)
+        return _text(reply) == "dead"
+
+    def backoff_ms(self, deliveries: int) -> int:
+        """Exponential backoff with jitter for a message run ``deliveries`` times: drawn
+        between half the capped exponential and all of it ("equal jitter")."""
+        cap = min(self.config.retry_max_ms, self.config.retry_base_ms * 2 ** max(0, deliveries - 1))
+        return random.randint(cap // 2, cap)
+
+    @_redis_errors
+    def release(self, deliveries: Sequence[Delivery]) -> int:
+        """Hand unstarted claims back to the front of the queue (uncounted deliveries)."""
+        if not deliveries:
+            return 0
+        with self._settling(deliveries):
+            released = int(
+                self._scripts.run("release", *self._pairs(deliveries), durable=self.config.durable)
+            )
+        return released
+
+    @_redis_errors
+    def defer(self, deferrals: Sequence[tuple[Delivery, int]]) -> int:
+        """Hand unstarted claims back to wait in the delayed set, each ``(delivery,
+        delay_ms)`` until ``delay_ms`` from now on the server's clock; the deliveries do not
+        count. A consumer that finds a message's time has not come (a Celery ETA) defers
+        it instead of holding it.
+
+        Returns:
+            How many were deferred (a claim that another one holds now is refused).
+
+        Raises:
+            ConfigError: A delay that is not an int >= 0.
+        """
+        if not deferrals:
+            return 0
+        args: list[Arg] = []
+        for d, delay_ms in deferrals:
+            if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
+                raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
+            args += [d.id, d.token, delay_ms]
+        with self._settling([d for d, _ in deferrals]):
+            return int(self._scripts.run("defer", *args, durable=self.config.durable))
