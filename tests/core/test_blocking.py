@@ -122,3 +122,25 @@ def test_look_now_is_the_bell_rule(
     claim = BlockingClaim(make_queue(client, **options))
     assert claim.look_now(None) is expected
     assert claim.look_now(b"an entry") is False
+
+
+def test_a_wait_ends_when_a_delayed_message_falls_due(make_queue: Any, client: Any) -> None:
+    # A BLMOVE cannot promote a delayed message: the claim that knows the next due time
+    # from its last reply waits only until then, and says to look at once.
+    q: ReliableQueue = make_queue(client)
+    msg_id = q.publish(b"later", delay_ms=400)
+    claim = BlockingClaim(q)
+    got, due_ms = claim.try_claim(1)
+    assert got == [] and 0 < due_ms <= 400
+    started = time.monotonic()
+    claim.send(10.0)
+    assert readable(claim, 5.0)
+    assert claim.read() is None
+    waited = time.monotonic() - started
+    assert 0.2 <= waited < 2.0  # ended at the due time, not after the 10 s timeout
+    assert claim.look_now(None)
+    [d], due_ms = claim.try_claim(1)
+    assert d.id == msg_id and due_ms == -1 and claim.due_at is None
+    assert not claim.look_now(None)  # nothing delayed: a timeout says nothing new
+    assert q.ack(d)
+    claim.close()

@@ -64,6 +64,9 @@ class BlockingClaim:
         self.client_id: int | None = None
         #: When the outstanding BLMOVE was sent (monotonic s); None when none is.
         self.sent_at: float | None = None
+        #: When the next delayed message falls due, as the last claim reply said (monotonic
+        #: s); None when none is delayed. A BLMOVE cannot promote it, so the wait ends then.
+        self.due_at: float | None = None
 
     @property
     def waiting(self) -> bool:
@@ -96,10 +99,25 @@ class BlockingClaim:
         return sock
 
     def send(self, timeout: float) -> None:
-        """Send the queue's BLMOVE, waiting up to ``timeout`` s (connects if needed)."""
+        """Send the queue's BLMOVE, waiting up to ``timeout`` s, or until the next delayed
+        message falls due (connects if needed)."""
         self.connect()
+        now = monotonic()
+        if self.due_at is not None:
+            timeout = min(timeout, max(self.due_at - now, 0.0))
         self.conn.send_command(*self.queue.blmove_command(timeout))
-        self.sent_at = monotonic()
+        self.sent_at = now
+
+    def note_due(self, due_ms: int) -> None:
+        """Remember when the next delayed message falls due (``due_ms`` from a claim reply:
+        ms from now, -1 = none is delayed)."""
+        self.due_at = None if due_ms < 0 else monotonic() + due_ms / 1000
+
+    def try_claim(self, count: int = 1) -> tuple[list[Delivery], int]:
+        """The queue's non-blocking claim (see ``try_claim``), noting the next due time."""
+        got, due_ms = self.queue.try_claim(count)
+        self.note_due(due_ms)
+        return got, due_ms
 
     def buffered(self) -> bool:
         """Whether a reply is already buffered (a select would not report it)."""
@@ -121,14 +139,22 @@ class BlockingClaim:
         return None if reply is None else bytes(reply)
 
     def lease(self, entry: bytes, count: int = 1) -> tuple[list[Delivery], int]:
-        """Lease ``entry`` and claim up to ``count - 1`` more (see ``lease_claimed``)."""
-        return self.queue.lease_claimed(entry, count)
+        """Lease ``entry`` and claim up to ``count - 1`` more (see ``lease_claimed``),
+        noting the next due time."""
+        got, due_ms = self.queue.lease_claimed(entry, count)
+        self.note_due(due_ms)
+        return got, due_ms
 
     def look_now(self, entry: bytes | None) -> bool:
-        """Whether a claim without blocking should follow this reply: a BLMOVE watches the
-        first priority level only, and with the bell off (``bell=False``) nothing wakes it
-        when lower levels get work, so a timeout says nothing about them."""
-        return entry is None and not self.queue.config.bell and len(self.queue.keys.levels) > 1
+        """Whether a claim without blocking should follow this reply (a timeout): when a
+        delayed message has fallen due (the claim promotes it), and when the bell is off
+        (``bell=False``): a BLMOVE watches the first priority level only, and then nothing
+        wakes it when lower levels get work, so a timeout says nothing about them."""
+        if entry is not None:
+            return False
+        if self.due_at is not None and monotonic() >= self.due_at:
+            return True
+        return not self.queue.config.bell and len(self.queue.keys.levels) > 1
 
     def cancel(
         self, unblock: Callable[[int], Any] | None = None, grace_s: float = CANCEL_GRACE_S

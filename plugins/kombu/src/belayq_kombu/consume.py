@@ -156,11 +156,11 @@ class Consume:
         rq = waiter.rq
         credit = self.credit() if self._consumed(waiter) else 0
         if credit < 1:
-            deliveries, _ = rq.lease_claimed(entry, 1)
+            deliveries, _ = waiter.claim.lease(entry, 1)
             rq.release(deliveries)
             waiter.hot = True
             return False
-        deliveries, _ = rq.lease_claimed(entry, credit)
+        deliveries, _ = waiter.claim.lease(entry, credit)
         waiter.hot = len(deliveries) >= credit
         return self.channel.deliver(waiter.queue, rq, deliveries)
 
@@ -169,7 +169,7 @@ class Consume:
         credit = self.credit()
         if credit < 1:
             return False
-        deliveries, _ = waiter.rq.try_claim(credit)
+        deliveries, _ = waiter.claim.try_claim(credit)
         waiter.hot = len(deliveries) >= credit
         return bool(deliveries) and self.channel.deliver(waiter.queue, waiter.rq, deliveries)
 
