@@ -152,6 +152,12 @@ class QueueKeys:
             )
 
 
+def revocations_key(prefix: str = "belayq") -> str:
+    """The sorted set of revoked ids (see :mod:`belayq.revocations`): one key for every
+    queue under ``prefix`` (a revoke does not say which queue holds the message)."""
+    return f"{prefix}:revoked"
+
+
 def schema1_message(keys: QueueKeys, msg_id: str) -> str:
     """Where schema 1 kept the hash of message ``msg_id`` (read by the upgrade only)."""
     return f"{keys.processing[: -len('processing')]}m:{msg_id}"

@@ -44,14 +44,19 @@ def publish(url: str, q: kombu.Queue, bodies: list[Any], **kw: Any) -> None:
             producer.publish(b, exchange=q.exchange, routing_key=q.routing_key, declare=[q], **kw)
 
 
-def stats(port: int, name: str) -> dict[str, int]:
+def core_queue(port: int, name: str) -> Any:
+    """The core queue behind kombu queue ``name`` (kombu's default priority steps)."""
     from belayq import ReliableQueue
 
     steps = (0, 3, 6, 9)
     levels = [name] + [f"{name}\x06\x16{s}" for s in steps[1:]]
-    rq = ReliableQueue(redis.Redis(port=port), name, ready_key=levels[0], level_keys=levels[1:],
-                       priority_steps=steps, payload_in_list=True, keeper=False)
-    return rq.stats()
+    return ReliableQueue(redis.Redis(port=port), name, ready_key=levels[0],
+                         level_keys=levels[1:], priority_steps=steps, payload_in_list=True,
+                         keeper=False)
+
+
+def stats(port: int, name: str) -> dict[str, int]:
+    return dict(core_queue(port, name).stats())
 
 
 def test_publish_consume_ack(url: str, port: int, kq: str) -> None:
@@ -179,13 +184,7 @@ def test_reject_requeue_counts_deliveries_then_dead_letters(url: str, port: int,
 
 
 def stats_dead(port: int, name: str) -> list[Any]:
-    from belayq import ReliableQueue
-
-    steps = (0, 3, 6, 9)
-    levels = [name] + [f"{name}\x06\x16{s}" for s in steps[1:]]
-    rq = ReliableQueue(redis.Redis(port=port), name, ready_key=levels[0], level_keys=levels[1:],
-                       priority_steps=steps, payload_in_list=True, keeper=False)
-    return rq.dead_letters()
+    return list(core_queue(port, name).dead_letters())
 
 
 def test_reject_without_requeue_dead_letters_with_the_reason(url: str, port: int, kq: str) -> None:

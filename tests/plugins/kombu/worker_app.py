@@ -29,9 +29,20 @@ app.conf.update(
         "max_deliveries": int(env("BQ_MAX_DELIVERIES", "5")),
         "sweep_interval": float(env("BQ_SWEEP", "0.5")),
         "priority_bell": env("BQ_BELL", "1") == "1",
+        "native_delayed_delivery": env("BQ_NATIVE", "1") == "1",
     },
     result_expires=600,
 )
+# Newer worker settings, set only when a test asks (older Celery versions lack them).
+for name, value in (
+    ("worker_disable_prefetch", env("BQ_DISABLE_PREFETCH")),
+    ("worker_eta_task_limit", env("BQ_ETA_LIMIT")),
+    ("worker_soft_shutdown_timeout", env("BQ_SOFT_SHUTDOWN")),
+    ("worker_enable_prefetch_count_reduction", env("BQ_PREFETCH_REDUCTION")),
+):
+    if value is not None:
+        app.conf[name] = value == "1" if name.startswith(("worker_disable", "worker_enable")) \
+            else float(value) if name == "worker_soft_shutdown_timeout" else int(value)
 _records = redis.Redis.from_url(env("BQ_BACKEND", "redis://127.0.0.1:6379/1"))
 
 
@@ -61,3 +72,19 @@ def kill_self(self: Any, i: int) -> None:
     """A poison task: kills the process that runs it (a pool child, or a solo worker)."""
     record("start", i, self.request)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(bind=True)
+def tsum(self: Any, values: list[int]) -> int:
+    record("start", "sum", self.request)
+    return sum(values)
+
+
+@app.task(bind=True, max_retries=3)
+def flaky(self: Any, i: int, countdown: float) -> int:
+    """Fails its first run and retries with ``countdown``; succeeds the second time."""
+    record("start", i, self.request)
+    if self.request.retries == 0:
+        raise self.retry(countdown=countdown)
+    record("done", i, self.request)
+    return i

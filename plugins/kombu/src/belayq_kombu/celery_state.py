@@ -6,7 +6,9 @@ Celery worker in this process is doing:
 * which delivered messages a pool has accepted (their runs count as attempts; on a
   connection blip their claims are kept, not released);
 * how many prefetched tasks still wait for a pool process (claim in batches meanwhile);
-* whether the pool job of a task whose completion Celery lost in a reconnect succeeded.
+* whether the pool job of a task whose completion Celery lost in a reconnect succeeded;
+* and one write: a revoke that Redis remembers for a delayed task, added to the worker's own
+  revoked set just before the task is handed over, so that Celery itself drops it.
 
 Celery offers no public API for the first and last, so this module reads
 ``celery.worker.state`` (``active_requests``, ``reserved_requests``) and a request's
@@ -78,6 +80,18 @@ def prefetched_waiting() -> int:
     if state is None:
         return 0
     return len(state.reserved_requests) - len(state.active_requests)
+
+
+def remember_revoked(task_ids: set[str]) -> bool:
+    """Add ``task_ids`` to this worker's revoked set, as ``celery control revoke`` does in
+    every worker that hears it (``celery.worker.state.revoked``); False outside a worker."""
+    state = _worker_state()
+    revoked = getattr(state, "revoked", None)
+    if revoked is None:
+        return False
+    for task_id in task_ids:
+        revoked.add(task_id)
+    return True
 
 
 def on_task_prerun(handler: Callable[..., None]) -> None:

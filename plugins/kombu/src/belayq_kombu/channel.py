@@ -27,7 +27,7 @@ from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
 
-from . import options
+from . import celery_state, eta, options
 from .consume import Consume, Waiter
 from .qos import QoS
 from .tags import Tags, tag_of
@@ -76,6 +76,9 @@ class Channel(stock.Channel):  # type: ignore[misc]
     starvation_floor = options.BELAYQ_OPTIONS["starvation_floor"][0]
     blip_keep_max = options.BELAYQ_OPTIONS["blip_keep_max"][0]
     priority_bell = options.BELAYQ_OPTIONS["priority_bell"][0]
+    native_delayed_delivery = options.BELAYQ_OPTIONS["native_delayed_delivery"][0]
+    revokes_keep = options.BELAYQ_OPTIONS["revokes_keep"][0]
+    revokes_max = options.BELAYQ_OPTIONS["revokes_max"][0]
     supports_batch_publish = False
     brpop_timeout: float = options.POLL_TIMEOUT_S
     _in_listen: Any = False
@@ -139,10 +142,20 @@ class Channel(stock.Channel):  # type: ignore[misc]
             props[PUBLISHED_MS] = int(time() * 1000)
         priority = min(self._get_message_priority(message, reverse=False),
                        self.priority_steps[-1])  # above the last step: the last, as kombu
-        self.queue(queue).publish(dumps(message), priority=priority)
+        wait = eta.wait_ms(message, time() * 1000) if self.native_delayed_delivery else 0
+        self.queue(queue).publish(dumps(message), priority=priority, delay_ms=wait)
         if queue in getattr(self, "_expires", ()):  # kombu >= 5.4: queues with x-expires
             with self.conn_or_acquire() as client:
                 self._maybe_update_queues_expire(client, queue)
+
+    def _put_fanout(self, exchange: str, message: dict[str, Any], routing_key: str,
+                    **kwargs: Any) -> Any:
+        """Fanout as the stock transport; a Celery revoke is first remembered in Redis, for
+        the delayed tasks it names that no worker holds (see :mod:`.eta`)."""
+        revoked = eta.revoked_task_ids(exchange, message, self.decode_body)
+        if revoked:
+            self.connection.revocations(self).revoke(revoked)
+        return super()._put_fanout(exchange, message, routing_key, **kwargs)
 
     def create_publish_batch(self, max_size: int) -> Any:
         raise NotImplementedError("belayq:// publishes each message through the core")
@@ -227,6 +240,10 @@ class Channel(stock.Channel):  # type: ignore[misc]
     ) -> list[tuple[dict[str, Any], Any]]:
         out: list[tuple[dict[str, Any], Any]] = []
         settle_now: list[Delivery] = []
+        deferred: list[tuple[Delivery, int]] = []
+        scheduled: list[str] = []  # task ids of the messages that carry an ETA
+        defer = self.native_delayed_delivery and not no_ack
+        now_ms = time() * 1000
         for d in deliveries:
             try:
                 raw = loads(d.payload.decode("utf-8"))
@@ -239,6 +256,13 @@ class Channel(stock.Channel):  # type: ignore[misc]
             if _expired(raw):
                 settle_now.append(d)
                 continue
+            wait = eta.wait_ms(raw, now_ms)
+            if defer and wait > options.DEFER_MIN_S * 1000:
+                deferred.append((d, wait))  # a stock producer's, or an older belayq's
+                continue
+            task_id = eta.task_id(raw)
+            if task_id is not None and eta.eta_ms(raw) is not None:
+                scheduled.append(task_id)
             tag = tag_of(queue, d)
             props["delivery_tag"] = tag
             if d.deliveries > 1:
@@ -248,11 +272,23 @@ class Channel(stock.Channel):  # type: ignore[misc]
             if no_ack:
                 settle_now.append(d)
             else:
-                self.claims.add(tag, rq, d, task_id=(raw.get("headers") or {}).get("id"))
+                self.claims.add(tag, rq, d, task_id=task_id)
             out.append((raw, tag))
         if settle_now:
             rq.ack_many(settle_now)
+        if deferred:
+            rq.defer(deferred)
+        if scheduled:
+            self._revoked_first(scheduled)
         return out
+
+    def _revoked_first(self, task_ids: list[str]) -> None:
+        """Tell the Celery worker in this process which of these scheduled tasks were
+        revoked while they waited (it may have forgotten, or started since): Celery then
+        marks them REVOKED and acks them instead of running them."""
+        revoked = self.connection.revocations(self).revoked(task_ids)
+        if revoked:
+            celery_state.remember_revoked(revoked)
 
     def _get(self, queue: str) -> dict[str, Any]:
         rq = self.queue(queue)

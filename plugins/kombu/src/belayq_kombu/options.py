@@ -35,6 +35,11 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "blip_keep_max": (3600.0, "longest a running task's lease is kept past a reconnect (s)"),
     "priority_bell": (True, "wake-up entry in a queue's first list when only lower-priority "
                       "lists hold work; False while stock workers consume the same queues"),
+    "native_delayed_delivery": (True, "a task whose ETA is ahead waits in Redis (the "
+                                "queue's delayed set), not in a worker's memory"),
+    "revokes_keep": (7 * 24 * 3600.0, "how long Redis remembers a revoke for the delayed "
+                     "tasks it names (s)"),
+    "revokes_max": (50_000, "most revokes Redis remembers (the oldest are dropped)"),
 }
 
 #: Read by kombu's Connection itself (retry policy), never by a channel.
@@ -79,6 +84,11 @@ DEFAULT_LEASE_S = 20.0
 
 #: A visibility_timeout above this only delays recovery, since belayq extends leases.
 LONG_LEASE_S = 300.0
+
+#: A claimed task whose ETA is at most this far ahead (s) is handed to the worker, which
+#: holds it until then as with the stock transport; one further ahead is deferred back to
+#: the delayed set (with native_delayed_delivery).
+DEFER_MIN_S = 1.0
 
 #: The blocking claim's timeout without ``polling_interval`` (s), as the stock BRPOP's: how
 #: often an idle worker's claim returns and is sent again.
@@ -129,14 +139,17 @@ def check(options: Mapping[str, Any]) -> None:
                 f"unknown belayq:// transport option {name!r}{hint} "
                 f"(valid: {', '.join(sorted(known))})"
             )
-    for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout", "blip_keep_max"):
+    for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout", "blip_keep_max",
+                 "revokes_keep"):
         _number(options, name, minimum=0.1)
     for name in ("lease_heartbeat_interval", "polling_interval", "socket_timeout"):
         if options.get(name) is not None:
             _number(options, name, minimum=0.001)
-    for name in ("max_deliveries", "dead_letter_max", "claim_batch", "max_connections"):
+    for name in ("max_deliveries", "dead_letter_max", "claim_batch", "max_connections",
+                 "revokes_max"):
         _integer(options, name)
-    for name in ("dead_letter_rejected", "adopt_stock_unacked", "priority_bell"):
+    for name in ("dead_letter_rejected", "adopt_stock_unacked", "priority_bell",
+                 "native_delayed_delivery"):
         if name in options and not isinstance(options[name], bool):
             raise ValueError(
                 f"belayq:// transport option {name!r} must be True or False, got {options[name]!r}"

@@ -13,6 +13,7 @@ from kombu.transport import redis as _stock
 
 from belayq import ReliableQueue
 from belayq import __version__ as belayq_version
+from belayq.revocations import Revocations
 
 from . import options
 from .channel import Channel
@@ -51,6 +52,17 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.brpop_timeout = float(interval) if interval else options.POLL_TIMEOUT_S
         self.queues: dict[str, ReliableQueue] = {}
         self._core_client: redis.Redis | None = None
+        self._revocations: Revocations | None = None
+
+    def revocations(self, channel: _Channel) -> Revocations:
+        """The revokes Redis remembers for delayed tasks (one record per key prefix)."""
+        if self._revocations is None:
+            self._revocations = Revocations(
+                self.core_client(channel), prefix=f"{channel.global_keyprefix}belayq",
+                keep_ms=round(float(channel.revokes_keep) * 1000),
+                max_ids=int(channel.revokes_max),
+            )
+        return self._revocations
 
     def core_client(self, channel: _Channel) -> redis.Redis:
         """The client the core's scripts run on (its own pool; thread-safe)."""
