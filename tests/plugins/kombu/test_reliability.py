@@ -227,7 +227,7 @@ def test_a_kept_claim_whose_task_is_gone_is_released(url: str, port: int, kq: st
     with kombu.Connection(url) as conn:
         [m] = drain(conn, [q], 1, ack=False, prefetch_count=1)
         kept = conn.transport.claims.kept
-        kept.keep([m.delivery_tag], 3600)
+        kept.keep({m.delivery_tag: None}, 3600)
         claims.check_kept()
         assert stats(port, kq)["in_flight"] == 1  # seen once: not yet
         claims.check_kept()

@@ -3,8 +3,9 @@
 The transport only translates kombu's calls, but three decisions need to know what the
 Celery worker in this process is doing:
 
-* which delivered messages a pool has accepted (their runs count as attempts; on a
-  connection blip their claims are kept, not released);
+* which delivered messages a pool has accepted (their runs count as attempts) or has begun
+  writing to a child (on a connection blip their claims are kept, not released, and
+  billiard is made to keep tracking them);
 * how many prefetched tasks still wait for a pool process (claim in batches meanwhile);
 * whether the pool job of a task whose completion Celery lost in a reconnect succeeded;
 * and one write: a revoke that Redis remembers for a delayed task, added to the worker's own
@@ -12,7 +13,8 @@ Celery worker in this process is doing:
 
 Celery offers no public API for the first and last, so this module reads
 ``celery.worker.state`` (``active_requests``, ``reserved_requests``) and a request's
-billiard ApplyResult (``Request._apply_result``), and connects to the public
+billiard ApplyResult (``Request._apply_result``: ``_accepted``, ``_write_to``; it sets
+``_accepted`` on a blip, see :func:`keep_written_jobs`), and connects to the public
 ``task_prerun`` signal. It is written against Celery 5.3 to 5.7 (the versions the tox
 matrix runs). Outside a Celery worker every function answers "nothing is running".
 """
@@ -20,7 +22,7 @@ matrix runs). Outside a Celery worker every function answers "nothing is running
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 #: The Celery versions whose worker state this module reads (tox.ini runs each).
@@ -50,21 +52,65 @@ def running_requests() -> dict[Any, Any]:
     return out
 
 
+def _written_job(request: Any) -> Any:
+    """The billiard job of a request that the pool has begun writing to a child and that no
+    child has accepted yet; None otherwise."""
+    ref = getattr(request, "_apply_result", None)
+    job = ref() if callable(ref) else ref
+    if job is None or getattr(job, "_accepted", True) or getattr(job, "_write_to", None) is None:
+        return None
+    return job
+
+
+def in_pool_requests() -> dict[Any, Any]:
+    """Delivery tag -> request, for the tasks the pool runs or will run: the running ones
+    (:func:`running_requests`), and those billiard has begun writing to a pool child that
+    has not accepted them yet. A child runs what was written to it, even when Celery, on a
+    lost connection, forgets the request (``Consumer.on_close``: ``pool.flush()``)."""
+    out = running_requests()
+    state = _worker_state()
+    for request in list(getattr(state, "reserved_requests", ())):
+        tag = getattr(getattr(request, "_message", None), "delivery_tag", None)
+        if tag is not None and tag not in out and _written_job(request) is not None:
+            out[tag] = request
+    return out
+
+
+def keep_written_jobs(requests: Iterable[Any]) -> int:
+    """Make Celery's reconnect keep the pool jobs of these requests that are written to a
+    child but not accepted: billiard's ``flush`` drops such a job from its table while the
+    child still runs it, so its end would go unseen (no ack: the message would come back
+    and run twice). A job marked accepted stays in the table, and its end is reported (and
+    acked) as any other's. Returns how many were marked."""
+    marked = 0
+    for request in requests:
+        job = _written_job(request)
+        if job is not None:
+            job._accepted = True
+            marked += 1
+    return marked
+
+
 def running_tags() -> set[Any]:
     """Delivery tags of the tasks a Celery worker in this process is running right now."""
     return set(running_requests())
 
 
-def pool_outcome(request: Any) -> bool | None:
-    """Whether a running request's pool job succeeded, once it is done; None while it runs
-    or when nothing can tell.
+def pool_job(request: Any) -> Any:
+    """A request's pool job (billiard's ApplyResult), or None (solo and threads pools, or a
+    job already gone)."""
+    ref = getattr(request, "_apply_result", None)
+    return ref() if callable(ref) else ref
+
+
+def job_outcome(job: Any) -> bool | None:
+    """Whether a pool job succeeded, once it is done; None while it runs or when nothing
+    can tell.
 
     Celery up to 5.6 loses the completion of jobs that were running when the broker
     connection was lost: the request stays "active" forever and is never acked. Its pool
-    job (billiard's ApplyResult), while it still exists, says how it ended.
+    job, kept from the moment of the blip, says how it ended.
     """
-    ref = getattr(request, "_apply_result", None)
-    job = ref() if callable(ref) else ref
     if job is None:
         return None
     try:

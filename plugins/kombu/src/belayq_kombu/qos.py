@@ -14,7 +14,7 @@ from kombu.transport import redis as _stock
 from kombu.transport import virtual as _virtual
 from kombu.utils.objects import cached_property
 
-from .celery_state import running_tags
+from . import celery_state
 
 log = logging.getLogger("belayq.kombu")
 
@@ -68,9 +68,10 @@ class QoS(stock.QoS):  # type: ignore[misc]
         try:
             if not state:
                 return
-            running = running_tags()
-            keep = [t for t in state if t in running]
-            back = [t for t in state if t not in running]
+            in_pool = celery_state.in_pool_requests()
+            keep = [t for t in state if t in in_pool]
+            back = [t for t in state if t not in in_pool]
+            written = celery_state.keep_written_jobs(in_pool[t] for t in keep)
             if not (self.restore_at_shutdown and self.channel.do_restore):
                 for tag in back:
                     self.channel.claims.abandon(tag)
@@ -79,8 +80,11 @@ class QoS(stock.QoS):  # type: ignore[misc]
                 log.info("belayq: releasing %d unstarted message(s)", len(back))
                 self.channel.claims.release(back)
             if keep:
-                log.info("belayq: keeping the leases of %d running task(s)", len(keep))
-                self.channel.claims.kept.keep(keep, float(self.channel.blip_keep_max))
+                log.info("belayq: keeping the leases of %d running task(s)%s", len(keep),
+                         f" ({written} written to a pool child, not yet started)" if written
+                         else "")
+                jobs = {tag: celery_state.pool_job(in_pool[tag]) for tag in keep}
+                self.channel.claims.kept.keep(jobs, float(self.channel.blip_keep_max))
             for tag in back:
                 state.pop(tag, None)
         finally:

@@ -257,14 +257,17 @@ class Kept:
     def __init__(self, tags: Tags) -> None:
         self._tags = tags
         self._deadlines: dict[Any, float] = {}
+        self._jobs: dict[Any, Any] = {}  # the pool job of each kept tag (held alive here)
         self._suspects: set[Any] = set()
         self._lock = threading.Lock()
 
-    def keep(self, tags: Iterable[Any], max_s: float) -> None:
+    def keep(self, jobs: Mapping[Any, Any], max_s: float) -> None:
+        """Keep these tags, each with its pool job (None when there is none)."""
         deadline = time.monotonic() + max_s
         with self._lock:
-            for tag in tags:
+            for tag, job in jobs.items():
                 self._deadlines[tag] = deadline
+                self._jobs[tag] = job
 
     def __len__(self) -> int:
         return len(self._deadlines)
@@ -275,16 +278,20 @@ class Kept:
         claim has been kept for ``max_s``."""
         if not self._deadlines:
             return
-        requests = celery_state.running_requests()
+        requests = celery_state.in_pool_requests()
         now = time.monotonic()
         with self._lock:
-            items = list(self._deadlines.items())
-        for tag, deadline in items:
+            items = [(tag, deadline, self._jobs.get(tag)) for tag, deadline in
+                     self._deadlines.items()]
+        for tag, deadline, job in items:
             if self._tags.get(tag) is None:  # settled the normal way
                 self._drop(tag)
                 continue
-            request = requests.get(tag)
-            outcome = celery_state.pool_outcome(request) if request is not None else False
+            if job is None and tag in requests:
+                job = celery_state.pool_job(requests[tag])
+            outcome: bool | None = False  # no job, no request: the task is gone
+            if job is not None or tag in requests:
+                outcome = celery_state.job_outcome(job)
             if outcome is None and now > deadline:
                 outcome = False
             if outcome is None:
@@ -303,6 +310,7 @@ class Kept:
     def _drop(self, tag: Any) -> None:
         with self._lock:
             self._deadlines.pop(tag, None)
+            self._jobs.pop(tag, None)
             self._suspects.discard(tag)
 
 
