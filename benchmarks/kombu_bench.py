@@ -4,6 +4,7 @@ Run from the repository root::
 
     .venv/bin/python -m benchmarks.kombu_bench [--n 5000] [--celery-n 5000] [--reps 3]
         [--only kombu,celery,drain,recovery] [--recovery-window 150] [--json out.json]
+    .venv/bin/python -m benchmarks.kombu_bench --only eta,eta_accuracy   (kombu_eta.py)
 
 What it measures (medians over ``--reps``, the two transports interleaved rep by rep, on
 one private redis-server started here on a free port, never 6379):
@@ -64,12 +65,26 @@ app.conf.update(
 )
 
 
-@app.task(ignore_result=True)
+@app.task(name="kombu_bench.noop", ignore_result=True)
 def noop() -> None:
     pass
 
 
-@app.task(ignore_result=True)
+@app.task(name="kombu_bench.stamp", ignore_result=True)
+def stamp(key: str, sent: float) -> None:
+    """An immediate task that notes how long after its publish it started (kombu_eta)."""
+    r = redis.Redis.from_url(os.environ["BENCH_REDIS"])
+    r.rpush(key, time.time() - sent)
+
+
+@app.task(name="kombu_bench.eta_probe", ignore_result=True)
+def eta_probe(key: str, i: int, eta: float) -> None:
+    """A task with an ETA that notes how late it started (kombu_eta's accuracy run)."""
+    r = redis.Redis.from_url(os.environ["BENCH_REDIS"])
+    r.rpush(key, json.dumps({"i": i, "late": time.time() - eta, "pid": os.getpid()}))
+
+
+@app.task(name="kombu_bench.sleeper", ignore_result=True)
 def sleeper(key: str, i: int, seconds: float) -> None:
     r = redis.Redis.from_url(os.environ["BENCH_REDIS"])
     r.rpush(key, json.dumps({"i": i, "t": time.time(), "pid": os.getpid()}))
@@ -273,6 +288,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="kombu,celery,drain,recovery")
     ap.add_argument("--recovery-window", type=float, default=150.0)
+    ap.add_argument("--eta-n", type=int, default=100_000, help="waiting countdown tasks (eta)")
+    ap.add_argument("--eta-burst", type=int, default=3000, help="immediate tasks drained (eta)")
+    ap.add_argument("--eta-stream", type=int, default=600, help="paced immediate tasks (eta)")
+    ap.add_argument("--eta-rate", type=float, default=100.0, help="their rate per s (eta)")
+    ap.add_argument("--eta-idle", type=float, default=10.0, help="idle window, s (eta)")
+    ap.add_argument("--accuracy-n", type=int, default=1000, help="ETA tasks (eta_accuracy)")
+    ap.add_argument("--accuracy-spread", type=float, default=60.0, help="their ETAs span, s")
+    ap.add_argument("--accuracy-window", type=float, default=60.0,
+                    help="time allowed after the last ETA, s")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     only = set(args.only.split(","))
@@ -337,6 +361,14 @@ def main(argv: list[str] | None = None) -> int:
                       if stock is None else f"  ratio stock/belayq at defaults: "
                       f"{stock_s / ours:.1f}x")
             results["recovery_s"] = rec
+        if "eta" in only:
+            from benchmarks import kombu_eta
+
+            results["eta"] = kombu_eta.run(port, args, log)
+        if "eta_accuracy" in only:
+            from benchmarks import kombu_eta
+
+            results["eta_accuracy"] = kombu_eta.accuracy(port, args, log)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
     return 0
