@@ -15,6 +15,9 @@ from .report import details, table
 from .run import RunConfig, reanalyse, run_stack
 from .stacks import STACKS
 
+#: Workload presets: the share of tasks published with an ETA (0.5 to 3 leases ahead).
+WORKLOADS = {"mixed": 0.05, "eta-heavy": 0.5}
+
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__)
@@ -30,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=2, help="Celery prefork pool size")
     p.add_argument("--long-share", type=float, default=0.005)
-    p.add_argument("--eta-share", type=float, default=0.05)
+    p.add_argument("--eta-share", type=float, default=None,
+                   help="share of ETA/countdown tasks (default: the workload's)")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="mixed",
+                   help="mixed: 5%% ETA tasks; eta-heavy: half the tasks have an ETA")
     p.add_argument("--long-factor", type=float, default=3.0, help="long task = N x lease")
     p.add_argument("--max-deliveries", type=int, default=50)
     p.add_argument("--drain-timeout", type=float, default=300.0)
@@ -53,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         help="analyse finished runs again (their log directories), run nothing",
     )
     args = p.parse_args(argv)  # fmt: skip
+    if args.eta_share is None:
+        args.eta_share = WORKLOADS[args.workload]
     if args.reanalyse:
         again = [reanalyse(d) for d in args.reanalyse]
         print(table(again), "\n")
