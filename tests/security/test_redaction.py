@@ -53,8 +53,9 @@ def test_reprs_and_errors_never_show_the_password() -> None:
     texts += [repr(caught.value), str(caught.value)]
     transport = conn.transport
     texts += [repr(transport), repr(conn)]
+    # The redis-py client's own repr is redis-py's: 6.x prints the password in it (5.x,
+    # 7.x and 8.x do not; README "Security"). belayq's texts around it must not.
     client = redis.Redis.from_url(f"redis://user:{SECRET}@127.0.0.1:{port}/0")
-    texts.append(repr(client))
     with pytest.raises(Exception) as caught:
         ReliableQueue(client, "q")
     texts += [repr(caught.value), str(caught.value), repr(caught.value.__cause__)]

@@ -36,8 +36,10 @@ def make_ca(d: Path) -> Path:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
 
+    # keyUsage: Python 3.13's default context verifies strictly (VERIFY_X509_STRICT).
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "1", "-subj", "/CN=belayq test CA")
+            "ca.pem", "-days", "1", "-subj", "/CN=belayq test CA",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
             "server.csr", "-subj", "/CN=127.0.0.1")
     (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
