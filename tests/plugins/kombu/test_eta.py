@@ -174,15 +174,17 @@ def test_an_eta_task_from_a_stock_producer_is_deferred_to_redis(
 ) -> None:
     # A stock redis:// producer pushes the ETA task onto the list; the belayq worker that
     # claims it gives it back to the delayed set (uncounted) instead of holding it.
+    # The countdown leaves the worker time to start and claim it more than 1 s ahead of
+    # its ETA (a shorter wait is held by Celery, as the stock transport does).
     stock_env = {**celery_env, "BQ_BROKER": f"redis://127.0.0.1:{port}/0"}
     mod = app(stock_env)
-    due = time.time() + 4.0
-    result = mod.sleeper.apply_async((4, 0.0), countdown=4.0)
+    due = time.time() + 10.0
+    result = mod.sleeper.apply_async((4, 0.0), countdown=10.0)
     workers("--pool=solo").wait_ready()
-    wait_for(lambda: stats(port, kq).get("deferred", 0) == 1, 10, "the deferral")
+    wait_for(lambda: stats(port, kq).get("deferred", 0) == 1, 8, "the deferral")
     s = stats(port, kq)
     assert (s["delayed"], s["in_flight"]) == (1, 0), s
-    assert result.get(timeout=20) == 4
+    assert result.get(timeout=30) == 4
     [start] = started_at(records, 4)
     assert -0.05 <= start - due < 1.0
     wait_for(lambda: stats(port, kq).get("acked") == 1, 10, "the ack")

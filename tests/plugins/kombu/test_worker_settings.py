@@ -73,16 +73,18 @@ def test_worker_eta_task_limit_bounds_what_the_worker_holds(
     port: int, kq: str
 ) -> None:
     needs((5, 6), "worker_eta_task_limit")
+    # Prefetch 1 (-c 1, multiplier 1): each ETA task the worker holds raises Celery's
+    # prefetch by one, up to the limit (Celery does not lower a larger initial prefetch).
     env = {"BQ_ETA_LIMIT": "2", "BQ_NATIVE": native}
-    workers("--pool=solo", **env).wait_ready()
+    workers("--pool=solo", "-c", "1", "--prefetch-multiplier=1", **env).wait_ready()
     mod = app(celery_env, **env)
     results = [mod.sleeper.apply_async((i, 0.0), countdown=3.0) for i in range(5)]
     time.sleep(1.5)
     s = stats(port, kq)
     if native == "1":  # nothing to hold: they wait in Redis
         assert (s["in_flight"], s["delayed"]) == (0, 5), s
-    else:  # the worker holds 2 ETA tasks (leased), the rest wait unclaimed
-        assert (s["in_flight"], s["ready"]) == (2, 3), s
+    else:  # the worker holds at most 2 ETA tasks (leased), the rest wait unclaimed
+        assert 1 <= s["in_flight"] <= 2 and s["in_flight"] + s["ready"] == 5, s
     assert [r.get(timeout=30) for r in results] == list(range(5))
     assert events(records, "start") == collections.Counter(range(5))
 

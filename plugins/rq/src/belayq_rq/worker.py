@@ -240,6 +240,10 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         super().clean_registries()  # type: ignore[no-untyped-call]
 
 
+def _text(entry: Any) -> str:
+    return entry.decode() if isinstance(entry, bytes) else str(entry)
+
+
 def _job_id_of(queue: Queue, entry: str) -> str:
     """The job id of a started-registry entry, whichever form this rq version answers."""
     if ":" not in entry or queue.connection.exists(queue.job_class.key_for(entry)):
@@ -273,7 +277,7 @@ def _spare_requeued(queue: Queue) -> None:
             # A record written back after the end may name an execution whose own hash is
             # gone: remove the job's expired entries by their parsed job id (RQ's format).
             expired: list[Any] = queue.connection.zrangebyscore(registry.key, 0, time.time())
-            stale = [e for e in expired if registry.parse_job_id(e) == job_id]
+            stale = [e for e in expired if _job_id_of(queue, _text(e)) == job_id]
             if stale:
                 pipe.zrem(registry.key, *stale)
             pipe.execute()
