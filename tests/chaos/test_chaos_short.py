@@ -33,7 +33,7 @@ SEED = 3
 def config(logdir: Path) -> RunConfig:
     return RunConfig(
         tasks=240,
-        minutes=0.75,  # 45 s of faults, one every ~2.5 s: about 17, the first six one of each
+        minutes=0.5,  # 30 s of faults, one every ~2.5 s: about 12, the first six one of each
         seed=SEED,
         lease_s=2.0,
         sweep_s=0.25,
