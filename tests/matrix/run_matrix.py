@@ -40,15 +40,14 @@ SUBSETS = {
     "redis": ["tests/lua", "tests/conformance", "tests/core", "tests/security"],
 }
 
-#: The smaller subsets CI runs (about a minute each): the tests that read what a version
-#: changes (Celery's worker state on a blip and a killed pool child, RQ's records of a lost
-#: attempt, redis-py's connections under the blocking claim).
+#: The smaller subsets CI runs (under a minute each): the tests that read what a version
+#: changes (kombu's channel and Celery's worker state on a blip, RQ's job records and
+#: registries, redis-py's scripts and the blocking claim's connections).
 CI_SUBSETS = {
     "kombu": ["tests/plugins/kombu/test_transport.py", "tests/plugins/kombu/test_celery_worker.py",
-              "-k", "not test_celery_worker or remote_control or pool_child or blip"],
-    "rq": ["tests/plugins/rq/test_queue_worker.py", "tests/plugins/rq/test_crash.py",
-           "-k", "not test_crash or horse_killed_while or every_time or stopped_job"],
-    "redis": ["tests/lua/test_scripts.py", "tests/conformance", "tests/core/test_blocking.py"],
+              "-k", "not test_celery_worker or blip"],
+    "rq": ["tests/plugins/rq/test_queue_worker.py"],
+    "redis": ["tests/lua/test_scripts.py", "tests/core/test_blocking.py"],
 }
 
 #: What each env's interpreter is asked for.
