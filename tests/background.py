@@ -9,8 +9,10 @@ collected tests need and stops them at the end of the session.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -69,8 +71,10 @@ class Run:
 
     def run(self) -> None:
         if not self.cancelled:
+            # A session of its own: stopping the run kills everything it started.
             self.proc = subprocess.Popen(
-                self.cmd, stdout=self.out, stderr=self.err, text=True, cwd=ROOT
+                self.cmd, stdout=self.out, stderr=self.err, text=True, cwd=ROOT,
+                start_new_session=True,
             )
             self.proc.wait()
         self.done.set()
@@ -88,7 +92,8 @@ class Run:
     def stop(self) -> None:
         self.cancelled = True
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 _RUNS: dict[str, Run] = {}

@@ -113,12 +113,12 @@ def task_arg(payload: bytes | None) -> int | None:
 def test_celery_crash_loop_dead_letters_nothing_that_never_ran(
     server: RedisServer, conn: redis.Redis, procs: Callable[..., Proc]
 ) -> None:
-    """160 tasks of 0.5 s (more than the kills consume); a prefork worker (2 processes, prefetch 4 each: up to 8 tasks
-    claimed at once) is kill -9'd 8 times, 3 s after each is ready, with a lease of 3 s; then
-    one worker runs to the end. Every task finishes, and no claim that only sat in a dead
-    worker's prefetch counts as a delivery: nothing that never ran is dead-lettered, and a
-    dead letter ran max_deliveries (5) times (so the list stays empty unless a task was
-    running at 5 of the 8 kills)."""
+    """160 tasks of 0.5 s (more than the kills consume); a prefork worker (2 processes,
+    prefetch 4 each: up to 8 tasks claimed at once) is kill -9'd 8 times, 3 s after each is
+    ready, with a lease of 3 s; then one worker runs to the end. Every task finishes, and no
+    claim that only sat in a dead worker's prefetch counts as a delivery: nothing that never
+    ran is dead-lettered, and a dead letter ran max_deliveries (5) times (so the list stays
+    empty unless a task was running at 5 of the 8 kills)."""
     n = 160
     run = CeleryRun(server, conn, procs, max_deliveries=MAX_DELIVERIES)
     for i in range(n):
