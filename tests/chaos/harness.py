@@ -119,8 +119,9 @@ def replay(returncode: int, stderr: str, log: Path) -> ChildRun:
             run.blmoved.discard(argv[6])  # lease.lua ARGV[13], the entry
             leased(_groups(reply[2:]))
         elif script == "ack":
+            step = 3 if argv[0] == "1" else 2  # ack.lua ARGV[7]: pairs, or triples with results
             for i, ok in enumerate(reply):
-                mid = argv[2 * i]
+                mid = argv[1 + step * i]
                 if ok == 1:
                     run.acked.add(mid)
                     run.held.pop(mid, None)

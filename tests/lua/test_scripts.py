@@ -361,7 +361,7 @@ class TestClaim:
     def test_resent_claim_leaves_out_what_is_no_longer_held(self, q: ReliableQueue) -> None:
         q.publish_many([b"1", b"2"])
         reply = q._scripts.run("claim", *q._claim_args(2), request_id="c2")
-        assert q._scripts.run("ack", reply[1], reply[3]) == [1]
+        assert q._scripts.run("ack", "0", reply[1], reply[3]) == [1]
         again = q._scripts.run("claim", *q._claim_args(2), request_id="c2")
         assert again[1:] == reply[6:11]
 
@@ -525,15 +525,15 @@ class TestAck:
         [d] = q.claim(timeout=0)
         advance(q, 1_001)
         q.sweep()  # back to ready; its meta remembers the delivery
-        assert q._scripts.run("ack", d.id, d.token) == [0]
+        assert q._scripts.run("ack", "0", d.id, d.token) == [0]
         assert q.stats()["stale_acks"] == 1 and q.stats()["ready"] == 1
 
     def test_gone_answers_acked_and_is_not_counted(self, q: ReliableQueue) -> None:
         q.publish(b"a")
         [d] = q.claim(timeout=0)
-        assert q._scripts.run("ack", d.id, d.token) == [1]
-        assert q._scripts.run("ack", d.id, d.token) == [1]  # a re-sent ack
-        assert q._scripts.run("ack", "never-was", "tok") == [1]
+        assert q._scripts.run("ack", "0", d.id, d.token) == [1]
+        assert q._scripts.run("ack", "0", d.id, d.token) == [1]  # a re-sent ack
+        assert q._scripts.run("ack", "0", "never-was", "tok") == [1]
         s = q.stats()
         assert s["acked"] == 1 and s.get("stale_acks", 0) == 0
 
@@ -541,8 +541,8 @@ class TestAck:
         msg_id = q.publish(b"a")
         blmove(q)
         q.sweep()
-        assert q._scripts.run("ack", msg_id, "0") == [0]
-        assert q._scripts.run("ack", msg_id, "") == [0]
+        assert q._scripts.run("ack", "0", msg_id, "0") == [0]
+        assert q._scripts.run("ack", "0", msg_id, "") == [0]
         assert lease_of(q, msg_id) is not None
 
     def test_batch_mixed(self, q: ReliableQueue) -> None:

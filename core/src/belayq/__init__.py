@@ -10,8 +10,9 @@ from .errors import (
     RedisTooOld,
     SchemaMismatch,
 )
+from .events import Event, EventStream
 from .keys import SCHEMA_VERSION, QueueKeys
-from .models import DeadLetter, Delivery, Published, SweepResult
+from .models import DeadLetter, Delivery, HistoryRecord, Published, SweepResult
 from .queue import ReliableQueue
 
 __all__ = [
@@ -23,6 +24,9 @@ __all__ = [
     "DeadLetter",
     "Delivery",
     "DurabilityError",
+    "Event",
+    "EventStream",
+    "HistoryRecord",
     "Published",
     "QueueConfig",
     "QueueKeys",

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .constants import PURGE_BATCH
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
 from .keys import QueueKeys
-from .models import DeadLetter
+from .models import DeadLetter, HistoryRecord
 from .models import text as _text
 from .scripts import ScriptRunner
+
+#: The wake-up entry the scripts push into the first level (lua/includes/ready.lua).
+BELL = b"\0belayq:bell"
 
 #: The packed meta of a message (lua/includes/meta.lua).
 _META = re.compile(rb"^(\d+) (\d+) (\d+) (\d+) ([01]) (\d+) (\d+) ([^|]*)\|(.*)$", re.DOTALL)
@@ -66,6 +70,18 @@ class QueueAdmin:
         return out
 
     @_redis_errors
+    def ready_by_level(self) -> list[int]:
+        """Messages waiting in each priority level's list, highest priority first (the
+        bell entry not counted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for level in self.keys.levels:
+            pipe.llen(level)
+        pipe.lpos(self.keys.levels[0], BELL, count=0)
+        *lengths, bells = pipe.execute()
+        lengths[0] -= len(bells or [])
+        return [int(n) for n in lengths]
+
+    @_redis_errors
     def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
         """The newest ``limit`` dead letters with their reasons."""
         ids = [_text(i) for i in self.client.zrevrange(self.keys.dead, 0, limit - 1)]
@@ -89,6 +105,25 @@ class QueueAdmin:
         return out
 
     @_redis_errors
+    def history(self, outcome: str = "done", limit: int = 50) -> list[HistoryRecord]:
+        """The newest ``limit`` messages acked (``"done"``) or dead-lettered (``"failed"``),
+        when the queue keeps a history (``history_max``); ``[]`` otherwise."""
+        if outcome not in ("done", "failed"):
+            raise ConfigError(f"outcome must be 'done' or 'failed', got {outcome!r}")
+        key = self.keys.history_done if outcome == "done" else self.keys.history_failed
+        out = []
+        for raw in self.client.lrange(key, 0, max(0, limit - 1)):
+            head, _, payload = bytes(raw).partition(b"\n")
+            h = json.loads(head)
+            out.append(HistoryRecord(
+                id=str(h["id"]), outcome=outcome, result=str(h.get("result", "")),
+                reason=str(h.get("reason", "")), deliveries=int(h["deliveries"]),
+                attempts=int(h["attempts"]), published_ms=int(h["published_ms"]),
+                finished_ms=int(h["finished_ms"]), payload=payload,
+            ))  # fmt: skip
+        return out
+
+    @_redis_errors
     def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
         """Put dead letters back on their ready lists with fresh counts: those in ``ids``,
         or, when ``ids`` is None, the oldest ``limit``. An empty ``ids`` replays nothing.
@@ -103,15 +138,18 @@ class QueueAdmin:
         return int(self._scripts.run("replay", limit, *ids))
 
     @_redis_errors
-    def purge(self) -> int:
+    def purge(self, on_batch: Callable[[int], Any] | None = None) -> int:
         """Delete every waiting (ready or delayed) message, in batches of 1,000 so no script
-        holds Redis for long; returns how many."""
+        holds Redis for long; returns how many (``on_batch``: called with the count so far
+        after each batch)."""
         total = 0
         while True:
             purged, more = (int(x) for x in self._scripts.run("purge", PURGE_BATCH))
             total += purged
             if not more or not purged:
                 return total
+            if on_batch is not None:
+                on_batch(total)
 
     @_redis_errors
     def drop(self) -> bool:

@@ -69,6 +69,14 @@ class QueueConfig:
             registry (RQ's FailedJobRegistry): the consumer records the failure there and
             acks the claim without running it. If that claim is lost too (its consumer died),
             the core dead-letters the message.
+        history_max: Keep the last this many acked messages and the last this many
+            dead-lettered ones, with the ack's result or the reason, delivery and run counts
+            and timings (:meth:`~belayq.ReliableQueue.history`). 0 = off (the default:
+            nothing is written).
+        history_ttl_ms: Each history list expires this long after its last write (ms).
+        events: Publish an event on the queue's channel (``QueueKeys.events``) when a
+            message completes, fails, is reclaimed or dead-lettered (sharded pub/sub on Redis
+            7.0+, so it works on a cluster). Off by default.
         lua_functions: Run the transitions as belayq's Redis FUNCTION library (FCALL)
             rather than as scripts (EVALSHA): cheaper per call, and kept by restarts and
             replicas. None = when the client reaches one Redis 7.0+ server and may load
@@ -97,6 +105,9 @@ class QueueConfig:
     wait_aof: bool | None = None
     cluster_retry_ms: int = 10_000
     exhausted: str = "dead"
+    history_max: int = 0
+    history_ttl_ms: int = 86_400_000
+    events: bool = False
     lua_functions: bool | None = None
 
     def __post_init__(self) -> None:
@@ -133,7 +144,9 @@ class QueueConfig:
             )
         if not isinstance(self.bell, bool):
             raise ConfigError(f"bell must be True or False, got {self.bell!r}")
-        for flag in ("claim_starts",):
+        _positive("history_max", self.history_max, minimum=0)
+        _positive("history_ttl_ms", self.history_ttl_ms)
+        for flag in ("claim_starts", "events"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         for tri in ("wait_aof", "lua_functions"):

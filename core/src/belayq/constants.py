@@ -61,3 +61,7 @@ CLUSTER_RETRY_MAX_PAUSE_S = 0.5
 REASON_MAX_CHARS = 500
 """Longest reason (a nack's or a dead letter's) kept with a message: a traceback passed as
 the reason must not grow every message's record by kilobytes."""
+
+RESULT_MAX_BYTES = 1024
+"""Longest result an ack keeps in the done history (``history_max``), as the payload's first
+bytes there are: the history is a window for an operator, not a result store."""

@@ -12,6 +12,7 @@ whole or fails whole), and a queue holds a fixed number of keys however many mes
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -49,6 +50,8 @@ class QueueKeys:
         memo_exp: Sorted set memo field -> expiry (ms); the scripts enforce it.
         stats: Hash of counters and the schema version (schema 1 used the same key, so
             an old queue is recognised at construction).
+        history_done: List of the last acked messages, newest first (``history_max``).
+        history_failed: List of the last dead-lettered messages, newest first.
     """
 
     levels: tuple[str, ...]
@@ -61,6 +64,8 @@ class QueueKeys:
     memo: str
     memo_exp: str
     stats: str
+    history_done: str
+    history_failed: str
 
     @classmethod
     def build(
@@ -113,7 +118,15 @@ class QueueKeys:
             memo=f"{base}memo",
             memo_exp=f"{base}memo:exp",
             stats=f"{base}stats",
+            history_done=f"{base}history:done",
+            history_failed=f"{base}history:failed",
         )
+
+    @property
+    def events(self) -> str:
+        """The queue's event channel (``events=True``): it shares the keys' prefix, so the
+        scripts derive it from the stats key, and it hashes to the queue's slot."""
+        return f"{self.stats[: -len('stats')]}events"
 
     @property
     def ready(self) -> str:
@@ -150,6 +163,39 @@ class QueueKeys:
                 f"cannot run on a cluster: {detail}. Put one hash tag in the ready key and "
                 "name the other ready lists with the same tag."
             )
+
+
+#: kombu's separator between a queue's name and its priority step in its list names.
+KOMBU_SEP = "\x06\x16"
+
+#: kombu's default priority steps (its Redis transport's PRIORITY_STEPS).
+KOMBU_STEPS = (0, 3, 6, 9)
+
+
+def kombu_layout(
+    name: str, *, steps: Sequence[int] = KOMBU_STEPS, keyprefix: str = "", sep: str = KOMBU_SEP
+) -> dict[str, object]:
+    """The ReliableQueue arguments of kombu queue ``name`` as ``belayq://`` lays it out:
+    kombu's own lists (``name``, ``name\x06\x163``, ...) hold the envelopes."""
+    lists = [keyprefix + name] + [f"{keyprefix}{name}{sep}{s}" for s in steps[1:]]
+    return {"ready_key": lists[0], "level_keys": lists[1:], "priority_steps": tuple(steps),
+            "payload_in_list": True}
+
+
+def rq_layout(name: str) -> dict[str, object]:
+    """The ReliableQueue arguments of RQ queue ``name`` as ``belayq_rq`` lays it out: RQ's
+    ``rq:queue:NAME`` holds the job ids, pushed right, claimed from the left."""
+    return {"ready_key": f"rq:queue:{name}", "payload_in_list": True, "ready_head": "left"}
+
+
+def stats_key_kinds(prefix: str = "belayq") -> tuple[tuple[str, str, str], ...]:
+    """(kind, glob, regex) of the stats key of each kind of queue, for listing queues: a
+    queue belayq owns, an RQ queue, a kombu queue (or another adopted list)."""
+    return (
+        ("belayq", f"{prefix}:{{*}}:stats", rf"^{re.escape(prefix)}:\{{(.+)\}}:stats$"),
+        ("rq", "{rq:queue:*}:stats", r"^\{rq:queue:(.+)\}:stats$"),
+        ("kombu", "{*}:stats", r"^\{(.+)\}:stats$"),
+    )
 
 
 def revocations_key(prefix: str = "belayq") -> str:

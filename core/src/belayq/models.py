@@ -78,6 +78,34 @@ class DeadLetter:
 
 
 @dataclass(frozen=True)
+class HistoryRecord:
+    """A finished message in the queue's history (``history_max``).
+
+    Attributes:
+        id: The message id.
+        outcome: ``"done"`` (acked) or ``"failed"`` (dead-lettered).
+        result: What the ack passed (``""`` when nothing, or for a failed one).
+        reason: Why it was dead-lettered (``""`` for a done one).
+        deliveries: How many times it was claimed.
+        attempts: How many of those runs started.
+        published_ms: When it was published (ms, server clock; 0 when unknown: a message a
+            foreign producer pushed straight onto the list).
+        finished_ms: When it was acked or dead-lettered (ms, server clock).
+        payload: The first bytes of the payload (up to 1 KiB).
+    """
+
+    id: str
+    outcome: str
+    result: str
+    reason: str
+    deliveries: int
+    attempts: int
+    published_ms: int
+    finished_ms: int
+    payload: bytes
+
+
+@dataclass(frozen=True)
 class SweepResult:
     """What one sweep did.
 

@@ -17,6 +17,7 @@ from .config import check_count as _check_count
 from .constants import CLAIM_NONCE_BYTES, SWEEP_BATCH, WAIT_FOREVER_ROUND_S
 from .errors import ConfigError, RedisTooOld, SchemaMismatch
 from .errors import redis_errors as _redis_errors
+from .events import EventStream
 from .holding import FORKABLE
 from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, QueueKeys
@@ -119,7 +120,7 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
             raise SchemaMismatch(
                 f"queue {self.name!r} was written with key schema {int(found)}; this belayq "
                 f"uses {SCHEMA_VERSION}. Drain it with the old belayq first, or stop its "
-                f"consumers and run `python -m belayq upgrade` (README: 'Upgrading from "
+                f"consumers and run `belayq upgrade` (README: 'Upgrading from "
                 "schema 1')."
             )
         if self.config.wait_replicas:
@@ -248,7 +249,7 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         args = self._claim_args(count)
         with self._settling(deliveries):
             acked, claimed = self._scripts.run_many(
-                ("ack", self._pairs(deliveries), ""),
+                ("ack", self._ack_args(deliveries), ""),
                 ("claim", args, str(args[4])),
             )
         return [bool(int(x)) for x in acked], self._take(claimed[1:])
@@ -314,6 +315,11 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
                 self._starting.clear()
         if release and held:
             self.release(held)
+
+    def events(self) -> EventStream:
+        """Subscribe to the queue's events (``events=True``): ``with q.events() as stream:
+        for event in stream: ...``. See :mod:`belayq.events`."""
+        return EventStream(self)
 
     def __repr__(self) -> str:
         return f"<ReliableQueue {self.name!r} ready={self.keys.ready!r}>"

@@ -65,11 +65,25 @@ class ScriptRunner:
         self._functions: bool | None = None if config.lua_functions is not False else False
         self.server_versions: list[str] = []  # set by the queue ([]: fakeredis, unknown)
         c = config
-        self._mode = (
+        self._layout = (
             ("1" if c.payload_in_list else "0")
             + ("L" if c.ready_head == "left" else "")
             + ("" if c.bell else "N")
+            + (f"H{c.history_max},{c.history_ttl_ms}" if c.history_max else "")
         )
+
+    @property
+    def sharded_events(self) -> bool:
+        """Whether events go out with SPUBLISH (every server Redis 7.0+: sharded pub/sub,
+        which a cluster routes to the queue's slot) rather than PUBLISH."""
+        versions = self.server_versions
+        return bool(versions) and all(client_info.version_tuple(v) >= (7,) for v in versions)
+
+    @property
+    def _mode(self) -> str:
+        if not self.config.events:
+            return self._layout
+        return self._layout + ("ES" if self.sharded_events else "E")
 
     def _vector(self, name: str) -> list[str]:
         return [k for role in key_roles(name) for k in self.keys.role(role)]

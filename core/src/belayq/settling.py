@@ -9,13 +9,22 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .config import QueueConfig
-from .constants import REASON_MAX_CHARS
+from .constants import REASON_MAX_CHARS, RESULT_MAX_BYTES
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
 from .holding import HeldClaims
 from .models import Delivery
 from .models import text as _text
 from .scripts import Arg, ScriptRunner
+
+
+def _result_text(result: bytes | str | None) -> str:
+    """A result as the history keeps it: text (bytes decoded, undecodable bytes escaped),
+    cut to ``RESULT_MAX_BYTES``."""
+    if result is None:
+        return ""
+    text = result.decode("utf-8", "backslashreplace") if isinstance(result, bytes) else str(result)
+    return text.encode("utf-8")[:RESULT_MAX_BYTES].decode("utf-8", "ignore")
 
 
 class Settling(HeldClaims):
@@ -28,13 +37,23 @@ class Settling(HeldClaims):
     def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
         return [x for d in deliveries for x in (d.id, d.token)]
 
-    def ack(self, delivery: Delivery) -> bool:
-        """Settle a claim for good. False (and counted) if another claim holds it now."""
-        return self.ack_many([delivery])[0]
+    def ack(self, delivery: Delivery, result: bytes | str | None = None) -> bool:
+        """Settle a claim for good. False (and counted) if another claim holds it now.
+
+        Args:
+            delivery: The claim.
+            result: A small result kept with the message in the done history (``history_max``;
+                cut to ``RESULT_MAX_BYTES``). Ignored when the history is off.
+        """
+        return self.ack_many([delivery], None if result is None else [result])[0]
 
     @_redis_errors
-    def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """Ack many claims in one script; one bool per claim.
+    def ack_many(
+        self, deliveries: Sequence[Delivery],
+        results: Sequence[bytes | str | None] | None = None,
+    ) -> list[bool]:
+        """Ack many claims in one script; one bool per claim (``results``: one per claim,
+        see :meth:`ack`).
 
         A claim whose message is no longer in the queue at all (a re-sent ack whose first
         run settled it) answers True.
@@ -42,8 +61,23 @@ class Settling(HeldClaims):
         if not deliveries:
             return []
         with self._settling(deliveries):
-            reply = self._scripts.run("ack", *self._pairs(deliveries), durable=self.config.durable)
+            reply = self._scripts.run(
+                "ack", *self._ack_args(deliveries, results), durable=self.config.durable
+            )
         return [bool(int(x)) for x in reply]
+
+    def _ack_args(
+        self, deliveries: Sequence[Delivery],
+        results: Sequence[bytes | str | None] | None = None,
+    ) -> list[Arg]:
+        if results is None or not self.config.history_max:
+            return ["0", *self._pairs(deliveries)]
+        if len(results) != len(deliveries):
+            raise ConfigError(f"ack_many got {len(results)} results for {len(deliveries)} claims")
+        args: list[Arg] = ["1"]
+        for d, result in zip(deliveries, results, strict=True):
+            args += [d.id, d.token, _result_text(result)]
+        return args
 
     def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
         """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
@@ -51,7 +85,7 @@ class Settling(HeldClaims):
         its script cache (restart, failover, SCRIPT FLUSH) still commits it with the rest of
         the caller's transaction. The reply, one 1/0 per claim, comes with the pipeline's."""
         self._forget(deliveries)
-        self._scripts.queue_on(pipeline, "ack", *self._pairs(deliveries))
+        self._scripts.queue_on(pipeline, "ack", *self._ack_args(deliveries))
 
     @_redis_errors
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:

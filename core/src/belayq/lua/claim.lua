@@ -13,7 +13,8 @@
 -- KEYS[7] memo        hash: the reply, for a re-sent call
 -- KEYS[8] memo_exp    zset memo field -> expiry
 -- KEYS[9] stats       hash of counters
--- KEYS[10..] levels   ready lists, highest priority first
+-- KEYS[10] history_failed  list: the last dead-lettered messages (history on)
+-- KEYS[11..] levels   ready lists, highest priority first
 -- ARGV[1..6]          see includes/context.lua
 -- ARGV[7]  lease_ms     lease length of each claim (ms)
 -- ARGV[8]  count        how many messages to claim at most

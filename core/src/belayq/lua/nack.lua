@@ -7,7 +7,8 @@
 -- KEYS[4] meta       hash id -> state
 -- KEYS[5] payloads   hash id -> payload
 -- KEYS[6] stats      hash of counters
--- KEYS[7..] levels   ready lists, highest priority first
+-- KEYS[7] history_failed  list: the last dead-lettered messages (history on)
+-- KEYS[8..] levels   ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] id, ARGV[8] token
 -- ARGV[9]  delay_ms  0 = ready now (front of its list), > 0 = delayed that long
@@ -21,8 +22,8 @@
 -- @include settle
 
 local k = {leases = KEYS[1], delayed = KEYS[2], dead = KEYS[3], meta = KEYS[4],
-  payloads = KEYS[5], stats = KEYS[6], levels = {}}
-for i = 7, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+  payloads = KEYS[5], stats = KEYS[6], history_failed = KEYS[7], levels = {}}
+for i = 8, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 local id, token = ARGV[7], ARGV[8]
 local delay_ms = tonumber(ARGV[9])
 local reason = ARGV[10]
@@ -42,4 +43,5 @@ if ARGV[11] == '1' then
 end
 local outcome = send_back(k, id, m, now, delay_ms, reason, true, true)
 fix_door(k.levels)
+if outcome ~= 'dead' then emit(k, 'failed', id, m, reason, now) end
 return outcome

@@ -4,7 +4,7 @@
 local function claim_keys()
   local k = {processing = KEYS[1], leases = KEYS[2], delayed = KEYS[3], dead = KEYS[4],
     meta = KEYS[5], payloads = KEYS[6], memo = KEYS[7], memo_exp = KEYS[8], stats = KEYS[9],
-    levels = {}}
-  for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+    history_failed = KEYS[10], levels = {}}
+  for i = 11, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
   return k
 end

@@ -5,7 +5,9 @@
 --                          mode, id = the entry or its digest); '0': entries are ids. Flags
 --                          after it: 'L' the head of the ready lists (claimed next) is their
 --                          LEFT end, as RQ's (producers RPUSH), else their RIGHT end, as
---                          kombu's (producers LPUSH); 'N' never ring the bell
+--                          kombu's (producers LPUSH); 'N' never ring the bell; 'E' publish
+--                          events ('S': with SPUBLISH, the sharded form); 'H<n>,<ms>' keep
+--                          the last n finished messages of each kind for ms (history)
 -- ARGV[3] max_deliveries   runs (started attempts) after which a failure is dead-lettered
 -- ARGV[4] dead_max         cap of the dead-letter set
 -- ARGV[5] request_id       '' or the id of a call whose re-send must answer as the first did
@@ -16,6 +18,7 @@
 -- own statements (see scripts.py): as a script (EVALSHA) or as a function of belayq's library.
 
 local SKEW_MS, INLINE, HEAD_LEFT, BELL_ON, MAX_DELIVERIES, DEAD_MAX, REQUEST_ID, REPLY_WINDOW_MS
+local EVENTS, HISTORY_MAX, HISTORY_TTL_MS
 
 local function read_context()
   SKEW_MS = tonumber(ARGV[1])
@@ -26,6 +29,10 @@ local function read_context()
   DEAD_MAX = tonumber(ARGV[4])
   REQUEST_ID = ARGV[5]
   REPLY_WINDOW_MS = tonumber(ARGV[6])
+  EVENTS = string.find(ARGV[2], 'E', 2, true) and
+    (string.find(ARGV[2], 'S', 2, true) and 'SPUBLISH' or 'PUBLISH') or false
+  local n, ttl = string.match(ARGV[2], 'H(%d+),(%d+)')
+  HISTORY_MAX, HISTORY_TTL_MS = tonumber(n or 0), tonumber(ttl or 0)
 end
 
 local function now_ms()

@@ -38,6 +38,7 @@ local function sweep_expired(k, now, limit)
       died = died + 1
     else
       reclaimed = reclaimed + 1
+      emit(k, 'reclaimed', id, m, 'lease expired', now)
     end
   end
   count(k.stats, 'reclaimed', reclaimed)

@@ -2,6 +2,7 @@
 -- `k` is the script's table of keys (leases, delayed, dead, meta, payloads, stats, levels).
 -- @include context
 -- @include counters
+-- @include history
 -- @include meta
 -- @include ready
 
@@ -31,12 +32,17 @@ local function to_ready(k, id, m, front)
 end
 
 -- Move message `id` (not held) to the dead-letter set with `reason`; the oldest dead
--- letters beyond dead_max are dropped with their payloads.
+-- letters beyond dead_max are dropped with their payloads. It goes into the failed history
+-- and out as a dead_lettered event when those are on.
 local function dead_letter(k, id, m, reason, now)
   m.t, m.s, m.e, m.d = '', false, reason, now
   meta_put(k.meta, id, m)
   redis.call('ZADD', k.dead, now, id)
   count(k.stats, 'dead_lettered', 1)
+  if HISTORY_MAX > 0 then
+    note_history(k.history_failed, id, m, 'reason', reason, redis.call('HGET', k.payloads, id), now)
+  end
+  emit(k, 'dead_lettered', id, m, reason, now)
   local over = redis.call('ZCARD', k.dead) - DEAD_MAX
   if over > 0 then
     local old = redis.call('ZPOPMIN', k.dead, over)
