@@ -1,4 +1,5 @@
-"""Upgrading a schema-1 queue in place (``python -m belayq upgrade``).
+"""Upgrading a schema-1 queue in place (``belayq upgrade``; its older spelling ``python -m belayq
+upgrade --queue Q --rq`` is what the command test runs).
 
 The schema-1 keys are written here by hand, in the layout belayq 0.1's keys.py and Lua
 scripts used: one hash per message (``m:<id>`` with p, l, n, t, u, e, d), claimed entries in

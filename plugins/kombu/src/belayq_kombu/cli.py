@@ -1,5 +1,9 @@
 """``python -m belayq_kombu``: inspect queues, replay dead letters, roll back to stock.
 
+The general command is ``belayq`` (``belayq dead --url belayq://... celery``); these stay
+for the queues a worker's transport options lay out differently (``global_keyprefix``,
+``priority_steps``, ``sep``), which they read, and for ``rollback``.
+
 Every command opens the queues through the transport itself, so it finds the same lists a
 worker with the same URL and options uses::
 
@@ -28,6 +32,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from kombu import connection as _connection
+
+from belayq.cli import views
 
 from . import register
 
@@ -87,11 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(name, json.dumps(rq.stats(), sort_keys=True))
         elif args.command == "dead-letters":
             for name, rq in queues.items():
-                for d in rq.dead_letters(args.limit):
-                    payload = (d.payload or b"")[:200].decode("utf-8", "replace")
-                    print(json.dumps({"queue": name, "id": d.id, "reason": d.reason,
-                                      "deliveries": d.deliveries, "dead_at_ms": d.dead_at_ms,
-                                      "payload": payload}))
+                for row in views.dead(rq, args.limit):
+                    print(json.dumps({"queue": name, **row}))
         elif args.command == "replay":
             for name, rq in queues.items():
                 print(f"{name}: replayed {rq.replay_dead(limit=args.limit)}")

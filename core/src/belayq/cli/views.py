@@ -1,0 +1,110 @@
+"""What the ``belayq`` command shows: in-flight, delayed and dead messages, a table of
+queues, and the live view of ``watch``. Reads only; O(shown), never O(queue)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..admin import BELL, parse_meta
+from ..blocking import node_client
+from ..models import text as _text
+from ..queue import ReliableQueue
+
+#: Characters of a payload shown in a listing.
+PREVIEW_CHARS = 120
+#: A ready entry longer than this is a payload (a stock producer's), not a message id.
+MAX_ID_CHARS = 200
+
+
+def server_ms(q: ReliableQueue) -> int:
+    seconds, micros = node_client(q).time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+def describe(payload: bytes | None) -> dict[str, Any]:
+    """What a payload says about itself: a Celery task's name and id (a kombu envelope),
+    else a preview."""
+    if payload is None:
+        return {"payload": None}
+    try:
+        envelope = json.loads(payload)
+        headers = envelope.get("headers") if isinstance(envelope, dict) else None
+        if isinstance(headers, dict) and "task" in headers:
+            return {"task": headers["task"], "task_id": headers.get("id")}
+    except (ValueError, UnicodeDecodeError):
+        pass
+    text = payload[:PREVIEW_CHARS].decode("utf-8", "backslashreplace")
+    return {"payload": text + ("..." if len(payload) > PREVIEW_CHARS else "")}
+
+
+def in_flight(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+    """The claims held, soonest to expire first: lease time left, deliveries, runs, and
+    what the payload says (the holder, where it tells)."""
+    now = server_ms(q)
+    rows = q.client.zrange(q.keys.leases, 0, limit - 1, withscores=True)
+    ids = [_text(i) for i, _ in rows]
+    metas = q.client.hmget(q.keys.meta, ids) if ids else []
+    payloads = q.client.hmget(q.keys.payloads, ids) if ids else []
+    out = []
+    for (raw_id, deadline), packed, payload in zip(rows, metas, payloads, strict=True):
+        m = parse_meta(packed) or {}
+        out.append({
+            "id": _text(raw_id), "lease_left_s": round((deadline - now) / 1000, 1),
+            "deliveries": m.get("deliveries"), "attempts": m.get("attempts"),
+            "started": m.get("started"), "provisional": m.get("token") == "0",
+            **describe(payload),
+        })  # fmt: skip
+    return out
+
+
+def ready(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+    """The next ``limit`` messages to be claimed, highest priority level first (a level
+    list holds ids of messages whose payload belayq keeps, or a stock producer's entries
+    themselves)."""
+    left = q.config.ready_head == "left"
+    pipe = q.client.pipeline(transaction=False)
+    for level in q.keys.levels:
+        pipe.lrange(level, 0, limit - 1) if left else pipe.lrange(level, -limit, -1)
+    entries = [e for got in pipe.execute() for e in (got if left else reversed(got))
+               if e != BELL][:limit]
+    ids = [_text(e) if len(e) <= MAX_ID_CHARS else "" for e in entries]
+    payloads = q.client.hmget(q.keys.payloads, ids) if ids else []
+    return [{"id": i if p is not None else None, **describe(p if p is not None else e)}
+            for i, e, p in zip(ids, entries, payloads, strict=True)]
+
+
+def delayed(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+    """The delayed messages, soonest due first."""
+    now = server_ms(q)
+    rows = q.client.zrange(q.keys.delayed, 0, limit - 1, withscores=True)
+    ids = [_text(i) for i, _ in rows]
+    payloads = q.client.hmget(q.keys.payloads, ids) if ids else []
+    return [{"id": _text(raw_id), "due_in_s": round((due - now) / 1000, 1), **describe(p)}
+            for (raw_id, due), p in zip(rows, payloads, strict=True)]
+
+
+def dead(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+    return [{"id": d.id, "reason": d.reason, "deliveries": d.deliveries,
+             "attempts": d.attempts, "dead_at_ms": d.dead_at_ms, **describe(d.payload)}
+            for d in q.dead_letters(limit)]
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
+    """A plain text table of ``columns`` (absent values shown as ``-``)."""
+    cells = [[str(r.get(c, "-")) if r.get(c) is not None else "-" for c in columns]
+             for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join(lines)
+
+
+QUEUE_COLUMNS = ("kind", "queue", "ready", "in_flight", "delayed", "dead", "acked",
+                 "reclaimed", "dead_lettered")
+
+
+def queue_row(kind: str, q: ReliableQueue) -> dict[str, Any]:
+    stats = q.stats()
+    return {"kind": kind, "queue": q.name, **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}
