@@ -1,0 +1,262 @@
+"""The dashboard's web app (Starlette): the page, its JSON API, and the guard in front.
+
+The API reads one queue's lists O(shown), never O(queue), so the page's 800 ms refresh costs
+a few small commands per queue. It can replay, sweep and purge, hence the guard:
+
+* bound to a loopback address by default, and then only answering requests whose Host is a
+  loopback name (a page on another site cannot reach it through DNS rebinding);
+* bound elsewhere only with a token (``belayq dashboard --host 0.0.0.0 --token T``), which
+  every API request must carry (``Authorization: Bearer T``; the page takes it from its
+  address's ``#token=T`` fragment, which browsers never send to a server);
+* a POST must be ``application/json``, which a form on another site cannot send without a
+  CORS preflight this app never grants.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..cli import views
+from ..cli.targets import KINDS, CliError, Found, list_queues, open_queue, resolve
+from ..errors import BelayqError, ConfigError
+from ..queue import ReliableQueue
+from .demo import DemoPool, PoolSettings
+
+STATIC = Path(__file__).parent / "static"
+#: Rows of each list the page shows.
+SHOWN = 50
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Dashboard:
+    """What the API reads and does: the queues named (or every queue found), opened once."""
+
+    def __init__(self, client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "auto",
+                 prefix: str = "belayq", demo: DemoPool | None = None,
+                 lease_ms: int | None = None) -> None:
+        self.client = client
+        self.lease_ms = lease_ms
+        self.names = list(queues)
+        self.kind = kind
+        self.prefix = prefix
+        self.demo = demo
+        self._open: dict[Found, ReliableQueue] = {}
+
+    def found(self) -> list[Found]:
+        if self.demo is not None:
+            return [Found("belayq", self.demo.name)]
+        if self.names:
+            return [resolve(self.client, n, self.kind, prefix=self.prefix) for n in self.names]
+        return list_queues(self.client, self.prefix)
+
+    def queue(self, kind: str, name: str) -> ReliableQueue:
+        if kind not in KINDS:
+            raise CliError(f"unknown kind {kind!r}")
+        found = Found(kind, name)
+        if found not in self._open:
+            if found not in self.found():
+                raise LookupError(f"no queue {name!r} of kind {kind} here")
+            if self.demo is not None:
+                self._open[found] = self.demo.producer
+            else:
+                self._open[found] = open_queue(self.client, found, prefix=self.prefix,
+                                               lease_ms=self.lease_ms)
+        return self._open[found]
+
+    def overview(self) -> dict[str, Any]:
+        rows = [views.queue_row(f.kind, self.queue(f.kind, f.name)) for f in self.found()]
+        return {"queues": rows, "demo": self.demo.state() if self.demo else None}
+
+    def detail(self, q: ReliableQueue) -> dict[str, Any]:
+        hung = set(self.demo.hung) if self.demo else set()
+        in_flight = views.in_flight(q, SHOWN)
+        for row in in_flight:
+            row["hung"] = row["id"] in hung
+        return {
+            "stats": q.stats(),
+            "ready_by_priority": dict(zip(map(str, q.config.priority_steps),
+                                          q.ready_by_level(), strict=True)),
+            "lease_ms": q.config.lease_ms,
+            "ready": views.ready(q, SHOWN),
+            "in_flight": in_flight,
+            "delayed": views.delayed(q, SHOWN),
+            "dead": views.dead(q, SHOWN),
+            "completed": [_record(h) for h in q.history("done", SHOWN)],
+            "failed": [_record(h) for h in q.history("failed", SHOWN)],
+            "history_max": q.config.history_max,
+        }  # fmt: skip
+
+
+def _record(h: Any) -> dict[str, Any]:
+    return {"id": h.id, "result": h.result, "reason": h.reason, "deliveries": h.deliveries,
+            "attempts": h.attempts, "finished_ms": h.finished_ms, **views.describe(h.payload)}
+
+
+class Guard:
+    """The token check on ``/api/`` and the JSON-only rule for POSTs (see the module doc)."""
+
+    def __init__(self, app: ASGIApp, token: str | None) -> None:
+        self.app = app
+        self.token = token
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/api/"):
+            request = Request(scope)
+            refusal = self._refusal(request)
+            if refusal is not None:
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, request: Request) -> Response | None:
+        if self.token is not None:
+            given = request.headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.token}".encode()):
+                return JSONResponse({"error": "a token is required"}, status_code=401)
+        kind = request.headers.get("content-type", "").split(";")[0].strip()
+        if request.method == "POST" and kind != "application/json":
+            return JSONResponse({"error": "POST application/json"}, status_code=415)
+        return None
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "auto",
+               prefix: str = "belayq", demo: DemoPool | None = None,
+               lease_ms: int | None = None, token: str | None = None,
+               host: str = "127.0.0.1") -> Starlette:
+    """The dashboard as an ASGI app (serve it with any ASGI server, or :func:`serve`).
+    ``queues``: names (default: every queue found); ``lease_ms``: the lease their consumers
+    use (lease bars are drawn against it).
+
+    Raises:
+        ConfigError: ``host`` is not a loopback address and no ``token`` is given.
+    """
+    if not is_loopback(host) and not token:
+        raise ConfigError(f"serving the dashboard on {host} (not loopback) needs a token: "
+                          "it can replay and purge")
+    board = Dashboard(client, queues=queues, kind=kind, prefix=prefix, demo=demo,
+                      lease_ms=lease_ms)
+
+    def api(fn: Callable[..., Any]) -> Handler:
+        async def endpoint(request: Request) -> Response:
+            from starlette.concurrency import run_in_threadpool
+
+            body: dict[str, Any] = {}
+            if request.method == "POST":
+                try:
+                    body = json.loads(await request.body() or b"{}")
+                except ValueError:
+                    return JSONResponse({"error": "the body is not JSON"}, status_code=400)
+                if not isinstance(body, dict):
+                    return JSONResponse({"error": "the body must be an object"},
+                                        status_code=400)
+            try:
+                result = await run_in_threadpool(fn, request, body)
+            except LookupError as exc:
+                return JSONResponse({"error": str(exc.args[0])}, status_code=404)
+            except (CliError, ConfigError, TypeError, ValueError) as exc:
+                return JSONResponse({"error": str(exc)}, status_code=400)
+            except (BelayqError, redis.RedisError) as exc:
+                return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=503)
+            return JSONResponse(result)
+
+        return endpoint
+
+    def target(request: Request) -> ReliableQueue:
+        return board.queue(request.path_params["kind"], request.path_params["name"])
+
+    def overview(request: Request, body: dict[str, Any]) -> Any:
+        return board.overview()
+
+    def detail(request: Request, body: dict[str, Any]) -> Any:
+        return board.detail(target(request))
+
+    def sweep(request: Request, body: dict[str, Any]) -> Any:
+        r = target(request).sweep()
+        return {"reclaimed": r.reclaimed, "adopted": r.adopted, "promoted": r.promoted,
+                "dead_lettered": r.dead_lettered}
+
+    def replay(request: Request, body: dict[str, Any]) -> Any:
+        q = target(request)
+        ids = body.get("ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str)
+                                                                  for i in ids)):
+            raise ConfigError("ids must be a list of strings")
+        if ids is None and body.get("all") is not True:
+            raise ConfigError('send {"ids": [...]} or {"all": true}')
+        return {"replayed": q.replay_dead(ids, limit=q.config.dead_letter_max)}
+
+    def purge(request: Request, body: dict[str, Any]) -> Any:
+        q = target(request)
+        if body.get("confirm") != q.name:
+            raise ConfigError('send {"confirm": "<the queue name>"} to purge')
+        return {"purged": q.purge()}
+
+    def pool(request: Request, body: dict[str, Any]) -> Any:
+        if demo is None:
+            raise LookupError("not in demo mode")
+        action = request.path_params["action"]
+        if action == "enqueue":
+            return {"enqueued": demo.enqueue(str(body.get("kind")), int(body.get("count", 0)))}
+        if action == "workers":
+            demo.configure(PoolSettings(
+                size=int(body.get("size", 4)), latency_ms=int(body.get("latency_ms", 300)),
+                fail_rate=float(body.get("fail_rate", 0)),
+                hang_rate=float(body.get("hang_rate", 0))))
+            return demo.state()
+        if action == "stop":
+            demo.stop()
+            return demo.state()
+        raise LookupError(f"no demo action {action!r}")
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html")
+
+    routes = [
+        Route("/", page),
+        Route("/api/overview", api(overview)),
+        Route("/api/queue/{kind}/{name}", api(detail)),
+        Route("/api/queue/{kind}/{name}/sweep", api(sweep), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/replay", api(replay), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/purge", api(purge), methods=["POST"]),
+        Route("/api/demo/{action}", api(pool), methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    middleware = [Middleware(Guard, token=token)]
+    if is_loopback(host):
+        middleware.insert(0, Middleware(TrustedHostMiddleware,
+                                        allowed_hosts=["localhost", "127.0.0.1", "[::1]", "::1"]))
+    return Starlette(routes=routes, middleware=middleware)
+
+
+def serve(app: Starlette, host: str, port: int) -> None:
+    """Serve ``app`` with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,145 @@
+"""The dashboard's API on a real server, served by uvicorn: the lists and counts of belayq's
+own, Celery's and RQ's queues, replay, the sweep button, purge with its confirmation, the
+demo pool's knobs, and the guard (loopback Host names only, a token off loopback, JSON-only
+POSTs). Every bad request is refused with a message and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+import redis
+
+from belayq import ReliableQueue
+from belayq.errors import ConfigError
+from belayq.keys import kombu_layout, rq_layout
+
+web = pytest.importorskip("belayq.web")
+from belayq.cli.demo_mode import demo_pool  # noqa: E402
+
+
+def call(url: str, body: Any = None, *, token: str | None = None, host: str | None = None,
+         content_type: str = "application/json") -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data)
+    if data is not None:
+        req.add_header("Content-Type", content_type)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if host:
+        req.add_header("Host", host)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, raw.decode()
+
+
+def test_the_lists_and_counts_of_all_three_kinds(client: redis.Redis, served: Any) -> None:
+    own = ReliableQueue(client, "emails", keeper=False, lease_ms=60_000)
+    kombu = ReliableQueue(client, "celery", keeper=False, **kombu_layout("celery"))
+    rq = ReliableQueue(client, "default", keeper=False, **rq_layout("default"))
+    own.publish_many([b"first", b"second", b"third"])
+    kombu.publish(json.dumps({"headers": {"task": "proj.add", "id": "t-1"}}).encode())
+    rq.publish(b"job-1")
+    [held] = own.claim(timeout=0)
+    with served(web.create_app(client)) as base:
+        status, o = call(f"{base}/api/overview")
+        assert status == 200 and o["demo"] is None
+        assert {(q["kind"], q["queue"], q["ready"]) for q in o["queues"]} == {
+            ("belayq", "emails", 2), ("kombu", "celery", 1), ("rq", "default", 1)}
+        status, d = call(f"{base}/api/queue/belayq/emails")
+        assert status == 200 and d["stats"]["in_flight"] == 1
+        assert [r["payload"] for r in d["ready"]] == ["second", "third"]  # claim order
+        [row] = d["in_flight"]
+        assert row["id"] == held.id and 0 < row["lease_left_s"] <= 60 and not row["hung"]
+        status, d = call(f"{base}/api/queue/kombu/celery")
+        assert [r["task"] for r in d["ready"]] == ["proj.add"]
+        status, d = call(f"{base}/api/queue/rq/default")
+        assert [r["payload"] for r in d["ready"]] == ["job-1"]
+        status, err = call(f"{base}/api/queue/belayq/nope")
+        assert status == 404 and "nope" in err["error"]
+        status, err = call(f"{base}/api/queue/bogus/emails")
+        assert status == 400 and "kind" in err["error"]
+
+
+def test_replay_sweep_and_purge(client: redis.Redis, served: Any) -> None:
+    q = ReliableQueue(client, "jobs", keeper=False, lease_ms=200)
+    q.publish_many([b"a", b"b", b"c", b"d"])
+    a, b, c = q.claim(timeout=0, count=3)
+    q.dead_letter(a, "bad a")
+    q.dead_letter(b, "bad b")
+    with served(web.create_app(client)) as base:
+        api = f"{base}/api/queue/belayq/jobs"
+        assert sorted(r["reason"] for r in call(api)[1]["dead"]) == ["bad a", "bad b"]
+        assert call(f"{api}/replay", {"ids": a.id}) == (400, {"error":
+                                                             "ids must be a list of strings"})
+        assert call(f"{api}/replay", {})[0] == 400
+        assert call(f"{api}/replay", {"ids": [a.id]}) == (200, {"replayed": 1})
+        assert call(f"{api}/replay", {"all": True}) == (200, {"replayed": 1})
+        time.sleep(0.3)  # c's lease (200 ms) runs out: no keeper extends it
+        status, swept = call(f"{api}/sweep", {})
+        assert status == 200 and swept["reclaimed"] == 1
+        assert q.stats()["ready"] == 4 and q.stats()["in_flight"] == 0
+        assert call(f"{api}/purge", {"confirm": "other"})[0] == 400
+        assert q.stats()["ready"] == 4
+        assert call(f"{api}/purge", {"confirm": "jobs"}) == (200, {"purged": 4})
+    del c
+
+
+def test_the_guard(client: redis.Redis, served: Any) -> None:
+    q = ReliableQueue(client, "jobs", keeper=False)
+    q.publish(b"x")
+    with pytest.raises(ConfigError, match="needs a token"):
+        web.create_app(client, host="0.0.0.0")
+    with served(web.create_app(client)) as base:
+        status, _ = call(f"{base}/api/overview", host="evil.example")  # DNS rebinding
+        assert status == 400
+        status, err = call(f"{base}/api/queue/belayq/jobs/purge", {"confirm": "jobs"},
+                           content_type="text/plain")  # what a cross-site form can send
+        assert status == 415 and q.stats()["ready"] == 1
+        assert call(f"{base}/api/queue/belayq/jobs/purge")[0] == 405  # a GET
+        page = urllib.request.urlopen(f"{base}/", timeout=10).read().decode()
+        assert "/static/app.js" in page and "http" not in page.split("<body>")[1].split(
+            "</body>")[0]  # nothing loaded from elsewhere
+    with served(web.create_app(client, host="0.0.0.0", token="t0ken"), host="0.0.0.0") as base:
+        assert call(f"{base}/api/overview")[0] == 401
+        assert call(f"{base}/api/overview", token="wrong")[0] == 401
+        assert call(f"{base}/api/overview", token="t0ken")[0] == 200
+        assert call(f"{base}/api/overview", token="t0ken", host="anything.example")[0] == 200
+        assert call(f"{base}/api/queue/belayq/jobs/purge", {"confirm": "jobs"})[0] == 401
+        assert q.stats()["ready"] == 1
+
+
+def test_the_demo_pool_knobs_and_bad_input(client: redis.Redis, served: Any) -> None:
+    pool = demo_pool(client, "demo-jobs", 1_000)
+    try:
+        with served(web.create_app(client, demo=pool)) as base:
+            assert call(f"{base}/api/demo/enqueue", {"kind": "fax", "count": 5})[0] == 400
+            assert call(f"{base}/api/demo/enqueue", {"kind": "email", "count": 0})[0] == 400
+            assert call(f"{base}/api/demo/workers", {"size": 2, "fail_rate": 0.7,
+                                                     "hang_rate": 0.5})[0] == 400
+            assert pool.producer.stats().get("published", 0) == 0 and pool.state()["alive"] == 0
+            assert call(f"{base}/api/demo/enqueue", {"kind": "email", "count": 30}) == (
+                200, {"enqueued": 30})
+            status, state = call(f"{base}/api/demo/workers",
+                                 {"size": 3, "latency_ms": 0, "fail_rate": 0, "hang_rate": 0})
+            assert status == 200 and state["alive"] == 3
+            deadline = time.monotonic() + 20
+            while pool.producer.stats().get("acked", 0) < 30:
+                assert time.monotonic() < deadline, pool.producer.stats()
+                time.sleep(0.05)
+            d = call(f"{base}/api/queue/belayq/demo-jobs")[1]
+            assert len(d["completed"]) == 30 and json.loads(d["completed"][0]["result"])[
+                "kind"] == "email"
+            assert call(f"{base}/api/demo/stop", {})[1]["alive"] == 0
+    finally:
+        pool.stop()
