@@ -4,6 +4,7 @@ and pytest summary.
     python -m tests.matrix.run_matrix                 # CI: CI_ENVS with CI_SUBSETS
     python -m tests.matrix.run_matrix --all           # every env of tox.ini with SUBSETS
     python -m tests.matrix.run_matrix --envs kombu53 rq20 [--full]
+    python -m tests.matrix.run_matrix --all --quick   # every env with CI_SUBSETS
 
 Each env runs ``uvx --with tox-uv tox -e ENV -- <its tests>``: the envs of one framework run
 that framework's tests, the redis-py envs the core's (``--full``: the whole suite). The
@@ -141,12 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--all", action="store_true", help="every env of tox.ini")
     ap.add_argument("--envs", nargs="+", help="these envs")
     ap.add_argument("--full", action="store_true", help="the whole suite in each env")
+    ap.add_argument("--quick", action="store_true", help="CI_SUBSETS in each env")
     args = ap.parse_args(argv)
     envs = args.envs or (tox_envs() if args.all else CI_ENVS)
     results = []
     for env in envs:
         print(f"tox -e {env} ...", file=sys.stderr, flush=True)
-        results.append(run_env(env, args.full, ci=not (args.all or args.envs)))
+        results.append(run_env(env, args.full, ci=args.quick or not (args.all or args.envs)))
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=2))
     print(table(results))
