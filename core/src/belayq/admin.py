@@ -7,7 +7,8 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .constants import PURGE_BATCH
+from .config import QueueConfig
+from .constants import BELL_SCAN, PURGE_BATCH
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
 from .keys import QueueKeys
@@ -48,6 +49,7 @@ class QueueAdmin:
     """Read-mostly operations of :class:`~belayq.ReliableQueue` (mixed into it)."""
 
     client: Any
+    config: QueueConfig
     keys: QueueKeys
     _scripts: ScriptRunner
 
@@ -76,9 +78,11 @@ class QueueAdmin:
         pipe = self.client.pipeline(transaction=False)
         for level in self.keys.levels:
             pipe.llen(level)
-        pipe.lpos(self.keys.levels[0], BELL, count=0)
-        *lengths, bells = pipe.execute()
-        lengths[0] -= len(bells or [])
+        rank = 1 if self.config.ready_head == "left" else -1  # from the head end
+        pipe.lpos(self.keys.levels[0], BELL, rank=rank, maxlen=BELL_SCAN)
+        *lengths, bell = pipe.execute()
+        if bell is not None:
+            lengths[0] -= 1
         return [int(n) for n in lengths]
 
     @_redis_errors

@@ -65,3 +65,9 @@ the reason must not grow every message's record by kilobytes."""
 RESULT_MAX_BYTES = 1024
 """Longest result an ack keeps in the done history (``history_max``), as the payload's first
 bytes there are: the history is a window for an operator, not a result store."""
+
+BELL_SCAN = 1000
+"""How far from the head of the first ready list the bell is looked for when counting what
+is ready (stats, metrics, Flower). It is rung into an empty list and only hand-backs are
+pushed before it, so it sits near the head; a bounded scan keeps a count O(1) in the
+queue's length (stats.lua holds the same number)."""

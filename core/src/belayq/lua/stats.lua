@@ -5,12 +5,17 @@
 -- ARGV[1..6]  see includes/context.lua
 -- Returns {ready, in_flight, landing, delayed, dead, field1, value1, ...}: in_flight counts
 -- leases (provisional ones too), landing the entries between BLMOVE and their lease; the
--- fields are the counters of the stats hash.
+-- fields are the counters of the stats hash. The bell is not counted as ready: it is looked
+-- for among the first 1,000 entries from the head (constants.BELL_SCAN), where it sits (it
+-- is rung into an empty list, and only hand-backs are pushed before it), so that the cost
+-- stays O(1) in the queue's length; one deeper still would count once.
 -- @include ready
 
 local ready = 0
 for i = 6, #KEYS do ready = ready + redis.call('LLEN', KEYS[i]) end
-ready = ready - #redis.call('LPOS', KEYS[6], BELL, 'COUNT', 0)
+if redis.call('LPOS', KEYS[6], BELL, 'RANK', HEAD_LEFT and 1 or -1, 'MAXLEN', 1000) then
+  ready = ready - 1
+end
 local out = {ready, redis.call('ZCARD', KEYS[2]), redis.call('LLEN', KEYS[1]),
   redis.call('ZCARD', KEYS[3]), redis.call('ZCARD', KEYS[4])}
 for _, v in ipairs(redis.call('HGETALL', KEYS[5])) do out[#out + 1] = v end
