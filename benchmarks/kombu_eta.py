@@ -7,7 +7,10 @@ defaults: acks_late off, prefetch multiplier 4):
 1. with no ETA task waiting: a burst of immediate noops is drained (throughput), a paced
    stream of immediate tasks is timed from publish to start (p50/p99 latency), the
    worker's RSS (main process and pool children) is read, and the Redis server's time per
-   second is read over an idle window (``INFO commandstats``: every command but INFO);
+   second is read over an idle window (``INFO commandstats``: every command but INFO),
+   once belayq has trimmed the publish replies it keeps for re-sent publishes (each for
+   ``reply_window_ms``; after 100,000 publishes the sweeps take a minute or two to drop
+   them, a cost of the burst and not of the tasks waiting; how long is reported);
 2. ``--eta-n`` tasks with a 10-minute countdown are published and the worker is given
    time to take what it will (the stock worker holds each one, unacked, in memory);
 3. the same measurements with them waiting;
@@ -103,16 +106,32 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else float("nan")
 
 
+def replies_trimmed_s(r: redis.Redis, queue: str, scheme: str, limit_s: float = 600) -> float:
+    """Wait until belayq kept no publish reply (its memo hash is empty); how long (s)."""
+    if scheme != "belayq":
+        return 0.0
+    from belayq import ReliableQueue
+    from belayq.keys import kombu_layout
+
+    memo = ReliableQueue(r, queue, keeper=False, **kombu_layout(queue)).keys.memo  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    while r.hlen(memo) and time.monotonic() - t0 < limit_s:
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
 def measure(r: redis.Redis, queue: str, worker: subprocess.Popen[bytes],
-            args: Any) -> dict[str, float]:
+            args: Any, scheme: str) -> dict[str, float]:
     lat = latency(r, queue, args.eta_stream, args.eta_rate)
-    return {
+    out = {
         "throughput": drain(r, queue, args.eta_burst, worker),
         "p50_ms": percentile(lat, 0.5) * 1000,
         "p99_ms": percentile(lat, 0.99) * 1000,
         "rss_mb": rss_mb(worker),
-        "idle_server_ms_per_s": idle_server_ms_per_s(r, args.eta_idle),
+        "replies_trimmed_s": replies_trimmed_s(r, queue, scheme),
     }
+    out["idle_server_ms_per_s"] = idle_server_ms_per_s(r, args.eta_idle)
+    return out
 
 
 def waiting_taken(scheme: str, r: redis.Redis, queue: str, n: int) -> bool:
@@ -136,7 +155,7 @@ def one_transport(scheme: str, port: int, args: Any, log: Path) -> dict[str, Any
     worker = kb.start_worker(env, "prefork", log)
     try:
         time.sleep(3)
-        out: dict[str, Any] = {"none_waiting": measure(r, queue, worker, args)}
+        out: dict[str, Any] = {"none_waiting": measure(r, queue, worker, args, scheme)}
         t0 = time.perf_counter()
         for _ in range(args.eta_n):
             kb.noop.apply_async(countdown=COUNTDOWN_S)
@@ -147,7 +166,7 @@ def one_transport(scheme: str, port: int, args: Any, log: Path) -> dict[str, Any
                 raise RuntimeError(f"the {scheme} worker did not take the ETA tasks; see {log}")
             time.sleep(0.5)
         out["taken_s"] = time.perf_counter() - t0
-        out["eta_waiting"] = measure(r, queue, worker, args)
+        out["eta_waiting"] = measure(r, queue, worker, args, scheme)
         restart_at = time.perf_counter()
         kb.stop(worker)
         worker = kb.start_worker(env, "prefork", log)
@@ -172,7 +191,8 @@ def run(port: int, args: Any, log: Path) -> dict[str, Any]:
             ("immediate latency p50, ms", "p50_ms", "{:,.1f}"),
             ("immediate latency p99, ms", "p99_ms", "{:,.1f}"),
             ("worker RSS, MB", "rss_mb", "{:,.0f}"),
-            ("Redis server time while idle, ms/s", "idle_server_ms_per_s", "{:,.2f}")]
+            ("Redis server time while idle, ms/s", "idle_server_ms_per_s", "{:,.2f}"),
+            ("publish replies trimmed after, s", "replies_trimmed_s", "{:,.1f}")]
     print(f"{'':38} {'redis:// none':>14} {'with ETAs':>12} {'belayq:// none':>15} "
           f"{'with ETAs':>12} {'belayq with/none':>17} {'belayq/stock with':>18}")
     for label, key, fmt in rows:
@@ -193,6 +213,8 @@ def run(port: int, args: Any, log: Path) -> dict[str, Any]:
         - res["belayq"]["none_waiting"]["rss_mb"],
         "stock_rss_growth_mb": res["redis"]["eta_waiting"]["rss_mb"]
         - res["redis"]["none_waiting"]["rss_mb"],
+        "belayq_idle_server_with_over_none": res["belayq"]["eta_waiting"]["idle_server_ms_per_s"]
+        / res["belayq"]["none_waiting"]["idle_server_ms_per_s"],
         "median_latency_ms": med([res[s]["eta_waiting"]["p50_ms"] for s in res]),
     }
     print(json.dumps(res["summary"]))
