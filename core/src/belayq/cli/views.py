@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..admin import BELL, parse_meta
-from ..blocking import node_client
+from ..metrics import server_ms
 from ..models import text as _text
 from ..queue import ReliableQueue
 
@@ -16,11 +16,6 @@ from ..queue import ReliableQueue
 PREVIEW_CHARS = 120
 #: A ready entry longer than this is a payload (a stock producer's), not a message id.
 MAX_ID_CHARS = 200
-
-
-def server_ms(q: ReliableQueue) -> int:
-    seconds, micros = node_client(q).time()
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def describe(payload: bytes | None) -> dict[str, Any]:
