@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -92,6 +93,23 @@ def test_flower_and_the_celery_commands(workers: Any, celery_env: dict[str, str]
         flower.kill()
         flower.wait()
         w.kill9()  # not a warm shutdown: that would wait for the minute-long task
+
+    # The killed worker's claims, as `belayq inspect` shows them: leases running out.
+    first = inspect(port, kq)
+    time.sleep(1.5)
+    second = inspect(port, kq)
+    assert running.id in {row["task_id"] for row in first}
+    assert [row["id"] for row in second] == [row["id"] for row in first]
+    for a, b in zip(first, second, strict=True):
+        assert 0 < b["lease_left_s"] < a["lease_left_s"] <= 20  # BQ_LEASE: nobody extends it
+
+
+def inspect(port: int, queue: str) -> list[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "belayq", "inspect", "--url",
+                          f"redis://127.0.0.1:{port}/0", queue, "--json", "--lease-ms", "20000"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
 
 
 def _up(base: str) -> bool:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 import urllib.request
 from typing import Any
 
@@ -67,6 +69,24 @@ def test_rq_dashboard_and_rq_info(conn: redis.Redis, rq_url: str, workers: Worke
         board.wait()
     assert w.poll() is None
     assert rq.Queue("q1", connection=conn).count == 3  # stock RQ reads the same list
+
+    # kill -9 of the worker and its work horse: `belayq inspect` shows the running job's
+    # claim, its lease running out (nobody extends it).
+    workers.stop_all()
+    first = inspect(rq_url)
+    time.sleep(0.3)
+    second = inspect(rq_url)
+    assert [r["payload"] for r in first] == [running.id] == [r["payload"] for r in second]
+    lease_s = jobs.SHORT_LEASE_MS / 1000  # below 0: expired, until a live worker sweeps
+    assert second[0]["lease_left_s"] < first[0]["lease_left_s"] <= lease_s
+
+
+def inspect(url: str) -> list[dict[str, Any]]:
+    out = subprocess.run([sys.executable, "-m", "belayq", "inspect", "--url", url, "q1",
+                          "--kind", "rq", "--json", "--lease-ms", str(jobs.SHORT_LEASE_MS)],
+                         capture_output=True, text=True, timeout=60, env=child_env())
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
 
 
 def _try(url: str) -> Any:
