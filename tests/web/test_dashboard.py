@@ -143,3 +143,54 @@ def test_the_demo_pool_knobs_and_bad_input(client: redis.Redis, served: Any) -> 
             assert call(f"{base}/api/demo/stop", {})[1]["alive"] == 0
     finally:
         pool.stop()
+
+
+def test_the_commands(tmp_path: Any) -> None:
+    """``belayq demo --web`` on its embedded Redis serves the page and the demo API, and
+    stops its Redis when stopped; ``belayq dashboard`` off loopback without a token is a
+    one-line error with status 2."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from belayq.embedded import free_port
+    from tests.support import wait_for
+
+    out = subprocess.run([sys.executable, "-m", "belayq", "dashboard", "--url",
+                          "redis://127.0.0.1:1/0"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "BELAYQ_TOKEN"}
+    demo = subprocess.Popen([sys.executable, "-m", "belayq", "demo", "--web", "--port",
+                             str(port), "--visibility-ms", "2000"], env=env,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert demo.stdout is not None
+        banner = demo.stdout.readline()
+        assert "belayq demo on" in banner and "visibility 2000 ms" in banner
+        redis_port = int(banner.split("redis://127.0.0.1:")[1].split("/")[0])
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _up(base), 20, "the demo page")
+        assert call(f"{base}/api/demo/enqueue", {"kind": "invoice", "count": 7}) == (
+            200, {"enqueued": 7})
+        [row] = call(f"{base}/api/overview")[1]["queues"]
+        assert (row["queue"], row["ready"]) == ("demo-jobs", 7)
+        assert call(f"{base}/api/queue/belayq/demo-jobs")[1]["lease_ms"] == 2000
+        out = subprocess.run([sys.executable, "-m", "belayq", "dashboard", "--url",
+                              f"redis://127.0.0.1:{redis_port}/0", "--host", "0.0.0.0"],
+                             capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 2 and "needs a token" in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+    finally:
+        demo.send_signal(signal.SIGINT)
+        demo.wait(20)
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(port=redis_port, socket_connect_timeout=1).ping()  # stopped with it
+
+
+def _up(base: str) -> bool:
+    try:
+        return urllib.request.urlopen(base + "/", timeout=2).status == 200
+    except OSError:
+        return False
