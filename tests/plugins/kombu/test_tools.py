@@ -82,6 +82,16 @@ def test_flower_and_the_celery_commands(workers: Any, celery_env: dict[str, str]
         page = get(f"{base}/broker")
         assert kq in page and "not supported" not in page
 
+        # What celery-exporter calls, through a stock redis:// connection to the same server
+        # (it is not on PyPI, so it is not run; these are its reads).
+        stock = Celery("exporter", broker=f"redis://127.0.0.1:{port}/0")
+        control = stock.control.inspect(timeout=3)
+        queues_of = control.active_queues() or {}
+        assert [q["name"] for qs in queues_of.values() for q in qs] == [kq]
+        assert list((control.stats() or {}).values())[0]["pool"]["processes"]
+        with stock.connection_for_read() as conn:
+            assert conn.channel().client.llen(kq) == r.llen(kq)
+
         status = celery(celery_env, "status")
         assert w.name.split("@")[0] in status and "1 node online" in status
         active = celery(celery_env, "inspect", "active")
