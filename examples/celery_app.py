@@ -29,6 +29,7 @@ The settings that matter, all in ``app.conf`` below:
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -121,6 +122,10 @@ def walkthrough() -> int:
         print(f"kill -9 of worker 1 and its pool children: {stats['in_flight']} task(s) it held "
               f"(2 running, the rest prefetched) stay leased in Redis, {stats['ready']} ready")
         values = [r.get(timeout=120) for r in results]
+        # Let the results go while the result store is up: each one unsubscribes from it when
+        # collected, and after the server stops Celery would retry that for two minutes.
+        del results
+        gc.collect()
         starts = [json.loads(x) for x in log.lrange("celery_app:starts", 0, -1)]
         again = sorted(s["t"] - killed for s in starts if s["t"] > killed)
         reruns = len(starts) - 6
