@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ STATIC = Path(__file__).parent / "static"
 #: Rows of each list the page shows.
 SHOWN = 50
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: How long the list of queues is reused before it is looked up again (s).
+FIND_EVERY_S = 5.0
 
 
 def is_loopback(host: str) -> bool:
@@ -65,19 +68,30 @@ class Dashboard:
         self.prefix = prefix
         self.demo = demo
         self._open: dict[Found, ReliableQueue] = {}
+        self._found: tuple[float, list[Found]] | None = None
 
     def found(self) -> list[Found]:
+        """The queues shown, looked up again at most every ``FIND_EVERY_S`` (listing them
+        SCANs the keyspace: not something to do on each 800 ms poll)."""
         if self.demo is not None:
             return [Found("belayq", self.demo.name)]
-        if self.names:
-            return [resolve(self.client, n, self.kind, prefix=self.prefix) for n in self.names]
-        return list_queues(self.client, self.prefix)
+        now = time.monotonic()
+        if self._found is None or now - self._found[0] > FIND_EVERY_S:
+            if self.names:
+                found = [resolve(self.client, n, self.kind, prefix=self.prefix)
+                         for n in self.names]
+            else:
+                found = list_queues(self.client, self.prefix)
+            self._found = (now, found)
+        return self._found[1]
 
     def queue(self, kind: str, name: str) -> ReliableQueue:
         if kind not in KINDS:
             raise CliError(f"unknown kind {kind!r}")
         found = Found(kind, name)
         if found not in self._open:
+            if found not in self.found():
+                self._found = None  # perhaps created since the last look
             if found not in self.found():
                 raise LookupError(f"no queue {name!r} of kind {kind} here")
             if self.demo is not None:
