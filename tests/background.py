@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,64 +45,112 @@ class Spec:
 #: In the order the runs start.
 SPECS = [
     Spec(
-        "rq-peer", [sys.executable, "tests/plugins/rq/peer/run_rq_suite.py"],
+        "rq-peer",
+        [sys.executable, "tests/plugins/rq/peer/run_rq_suite.py"],
         "tests/plugins/rq/test_rq_peer_suite.py::test_rq_own_suite_passes_with_belayq_swapped_in",
-        "BELAYQ_PEER", "unshare",
+        "BELAYQ_PEER",
+        "unshare",
     ),
     Spec(
-        "matrix", [sys.executable, "-m", "tests.matrix.run_matrix"],
+        "matrix",
+        [sys.executable, "-m", "tests.matrix.run_matrix"],
         "tests/matrix/test_matrix.py::test_oldest_and_newest_framework_versions_pass",
-        "BELAYQ_MATRIX", "uvx",
+        "BELAYQ_MATRIX",
+        "uvx",
     ),
 ]
 
 
+#: Set by the session that started the runs (under pytest-xdist: the controller) for the
+#: processes that wait for them (the xdist workers): the directory of their output files.
+DIR_ENV = "TESTS_BACKGROUND_DIR"
+
+
 @dataclass
 class Run:
-    """One background command: its output, kept in temporary files, and its exit code."""
+    """One background command, started by this process or by the session's controller.
 
+    Its output, exit code and process id are files in a directory shared by the session:
+    ``<name>.out``, ``<name>.err``, ``<name>.rc`` (written when it ended) and ``<name>.pid``.
+    ``<name>.queued`` says that some process of the session will run it.
+    """
+
+    name: str
     cmd: list[str]
-    # Kept open for the run's life, read when it is done.
-    out: IO[str] = field(default_factory=lambda: tempfile.TemporaryFile("w+"))  # noqa: SIM115
-    err: IO[str] = field(default_factory=lambda: tempfile.TemporaryFile("w+"))  # noqa: SIM115
-    proc: subprocess.Popen[str] | None = None
-    done: threading.Event = field(default_factory=threading.Event)
+    directory: Path
     cancelled: bool = False
+    proc: subprocess.Popen[str] | None = None
+
+    def _file(self, suffix: str) -> Path:
+        return self.directory / f"{self.name}.{suffix}"
+
+    def queue(self) -> None:
+        self._file("queued").touch()
 
     def run(self) -> None:
+        code = -1
         if not self.cancelled:
-            # A session of its own: stopping the run kills everything it started.
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=self.out, stderr=self.err, text=True, cwd=ROOT,
-                start_new_session=True,
-            )
-            self.proc.wait()
-        self.done.set()
+            with self._file("out").open("w") as out, self._file("err").open("w") as err:
+                # A session of its own: stopping the run kills everything it started.
+                self.proc = subprocess.Popen(
+                    self.cmd,
+                    stdout=out,
+                    stderr=err,
+                    text=True,
+                    cwd=ROOT,
+                    start_new_session=True,
+                )
+                self._file("pid").write_text(str(self.proc.pid))
+                code = self.proc.wait()
+        self._file("rc").write_text(str(code))
 
     def wait(self, timeout: float) -> tuple[int, str, str]:
         """Wait until the run ended (killing it after ``timeout`` s): code, stdout, stderr."""
-        if not self.done.wait(timeout):
+        deadline = time.monotonic() + timeout
+        rc = self._file("rc")
+        while not rc.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if not rc.exists():
             self.stop()
-            self.done.wait(30)
-        code = self.proc.returncode if self.proc is not None else -1
-        self.out.seek(0)
-        self.err.seek(0)
-        return code if code is not None else -1, self.out.read(), self.err.read()
+            end = time.monotonic() + 30
+            while not rc.exists() and time.monotonic() < end:
+                time.sleep(0.5)
+        code = int(rc.read_text()) if rc.exists() else -1
+
+        def read(suffix: str) -> str:
+            f = self._file(suffix)
+            return f.read_text() if f.exists() else ""
+
+        return code, read("out"), read("err")
 
     def stop(self) -> None:
         self.cancelled = True
-        if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        pid = self._file("pid")
+        if pid.exists() and not self._file("rc").exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.killpg(int(pid.read_text()), signal.SIGKILL)
 
 
 _RUNS: dict[str, Run] = {}
 
 
+def _directory() -> Path:
+    if DIR_ENV not in os.environ:
+        os.environ[DIR_ENV] = tempfile.mkdtemp(prefix="belayq-background-")
+    return Path(os.environ[DIR_ENV])
+
+
 def start(names: list[str]) -> None:
-    """Start the named runs (of :data:`SPECS`) one after the other, in a thread."""
+    """Start the named runs (of :data:`SPECS`) one after the other, in a thread. Processes
+    started after this (xdist workers) find them through :data:`DIR_ENV`."""
     commands = {spec.name: spec.cmd for spec in SPECS}
-    queued = [_RUNS.setdefault(n, Run(commands[n])) for n in names if n not in _RUNS]
+    directory = _directory()
+    queued = []
+    for n in names:
+        if n not in _RUNS and not (directory / f"{n}.queued").exists():
+            _RUNS[n] = Run(n, commands[n], directory)
+            _RUNS[n].queue()
+            queued.append(_RUNS[n])
 
     def serially() -> None:
         for run in queued:
@@ -112,9 +160,14 @@ def start(names: list[str]) -> None:
 
 
 def get(name: str) -> Run:
-    """The run ``name``, started now if the session did not start it at collection."""
-    if name not in _RUNS:
-        start([name])
+    """The run ``name``: this process's, the session's (started by the xdist controller),
+    or started now if nobody started it."""
+    if name in _RUNS:
+        return _RUNS[name]
+    directory = Path(os.environ[DIR_ENV]) if DIR_ENV in os.environ else None
+    if directory is not None and (directory / f"{name}.queued").exists():
+        return Run(name, {s.name: s.cmd for s in SPECS}[name], directory)
+    start([name])
     return _RUNS[name]
 
 

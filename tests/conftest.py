@@ -8,6 +8,7 @@ Missing Redis: tests skip locally with the reason; under CI=true they fail.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -179,12 +180,51 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.nodeid in waiting)
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """Start the long third-party runs this session's tests wait for (RQ's own suite, the
-    tox matrix subset) in the background, one after the other (tests/background.py)."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Collect the test's garbage while its fixtures (servers) are still up: a Celery
+    ``AsyncResult`` caught in a reference cycle unsubscribes from its result store when it
+    is collected, and collected later, in another test, after that store was stopped,
+    Celery retried the unsubscribe for 19 s inside whichever test the collection hit."""
+    yield
+    gc.collect()
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _xdist_controller(config: pytest.Config) -> bool:
+    return not _xdist_worker(config) and bool(getattr(config.option, "numprocesses", None))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Under pytest-xdist the controller starts the long third-party runs (it lives for the
+    whole session; a worker may finish early) for the paths given; the workers' tests wait
+    for them through the files named in ``background.DIR_ENV``."""
     from tests import background
 
-    if session.config.option.collectonly:
+    config = session.config
+    if not _xdist_controller(config) or config.option.collectonly:
+        return
+    root = config.rootpath
+    paths = [(root / a.split("::")[0]).resolve() for a in (config.args or ["tests"])]
+
+    def selected(test: str) -> bool:
+        f = (root / test.split("::")[0]).resolve()
+        return any(f == p or p in f.parents for p in paths)
+
+    background.start([s.name for s in background.SPECS if selected(s.test) and s.wanted()])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the long third-party runs this session's tests wait for (RQ's own suite, the
+    tox matrix subset) in the background, one after the other (tests/background.py); under
+    pytest-xdist the controller has started them."""
+    from tests import background
+
+    config = session.config
+    if config.option.collectonly or _xdist_worker(config) or _xdist_controller(config):
         return
     collected = {item.nodeid for item in session.items}
     background.start([s.name for s in background.SPECS if s.test in collected and s.wanted()])

@@ -83,8 +83,8 @@ def test_kill9_of_the_main_process_mid_task_loses_nothing(
     env = {"BQ_LEASE": "3"}
     w1 = workers("--pool=prefork", "-c", "2", **env).wait_ready()
     mod = app(celery_env, **env)
-    for i in range(4):
-        mod.sleeper.delay(i, 8.0)
+    for i in range(4):  # long enough for worker 2 to start on a loaded machine
+        mod.sleeper.delay(i, 12.0)
     wait_for(lambda: sum(events(records, "start").values()) >= 2, 30, "two tasks to start")
     workers("--pool=prefork", "-c", "2", **env).wait_ready()
     assert not events(records, "done"), "worker 1 finished before the kill: slow start-up?"
