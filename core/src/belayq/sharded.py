@@ -382,6 +382,12 @@ class ShardedQueue:
         return f"<ShardedQueue {self.name!r} shards={len(self.shards)}>"
 
 
+def recorded_shards(client: Any, name: str, prefix: str = "belayq") -> int:
+    """The shard count recorded for queue ``name`` (1 when none is: a plain queue, or none)."""
+    recorded = client.hget(QueueKeys.build(name, prefix=prefix).stats, SHARDS_FIELD)
+    return 1 if recorded is None else int(recorded)
+
+
 AnyQueue = ReliableQueue | ShardedQueue
 """A plain queue or a sharded one (what the command line, dashboard and metrics take)."""
 
