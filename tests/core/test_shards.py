@@ -252,6 +252,20 @@ def test_fifo_and_priorities_hold_within_each_shard(
             assert seq == sorted(seq), (shard, seq)  # FIFO within a priority
 
 
+def test_delayed_messages_fall_due_within_their_shard_and_wake_a_blocked_claim(
+    r: redis.Redis, name: str, opened: list[ShardedQueue]
+) -> None:
+    q = sharded(opened, r, name, shards=3)
+    ids = {q.publish(f"later-{i}", delay_ms=300) for i in range(3)}
+    assert [s["delayed"] for s in q.shard_stats().values()] == [1, 1, 1]
+    t0 = time.monotonic()
+    got: list[Delivery] = []
+    while len(got) < 3 and time.monotonic() - t0 < 10:
+        got += q.claim(timeout=5, count=3)
+    assert {d.id for d in got} == ids
+    assert 0.25 < time.monotonic() - t0 < 3
+
+
 def test_an_ack_after_a_shards_lease_expired_is_refused(
     r: redis.Redis, name: str, opened: list[ShardedQueue]
 ) -> None:

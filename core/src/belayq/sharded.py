@@ -209,6 +209,8 @@ class ShardedQueue:
         waiting up to ``timeout`` s for the first (blocked on every shard at once: see
         :func:`belayq.claim_any`). ``timeout=0`` does not wait; None waits until one comes.
         """
+        for q in self.shards:  # every shard is swept by every consumer's keeper, not only
+            q._keep()  # those its claims happened to try (cheap once kept)
         return claim_any(self._rotation(), timeout, count)
 
     # -- settling -----------------------------------------------------------------------
