@@ -160,6 +160,21 @@ def test_two_consumers_in_threads_share_the_shards_and_run_each_message_once(
     assert all(got), "both consumers got work"
 
 
+def test_ack_and_claim_moves_on_to_the_other_shards(
+    r: redis.Redis, name: str, opened: list[ShardedQueue]
+) -> None:
+    q = sharded(opened, r, name, shards=3)
+    ids = q.publish_many([f"m{i}" for i in range(20)])
+    seen = [*q.claim(timeout=0, count=2)]
+    held = list(seen)
+    while held:
+        acked, held = q.ack_and_claim(held, 2)
+        assert all(acked)
+        seen += held
+    assert sorted(d.id for d in seen) == sorted(ids)
+    assert q.stats()["acked"] == 20
+
+
 def test_dedup_ids_hash_to_one_shard_so_dedup_still_holds(
     r: redis.Redis, name: str, opened: list[ShardedQueue]
 ) -> None:

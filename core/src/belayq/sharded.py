@@ -213,6 +213,23 @@ class ShardedQueue:
             q._keep()  # those its claims happened to try (cheap once kept)
         return claim_any(self._rotation(), timeout, count)
 
+    def ack_and_claim(
+        self, deliveries: Sequence[Delivery], count: int
+    ) -> tuple[list[bool], list[Delivery]]:
+        """Ack claims and claim up to ``count`` more: one round trip when the claims are of
+        one shard and it has work waiting (its :meth:`ReliableQueue.ack_and_claim`); else
+        the acks, then a claim over every shard without waiting.
+
+        Returns:
+            One bool per acked claim, and the new deliveries (``[]`` if none waits).
+        """
+        groups = self._grouped(deliveries, lambda d: d)
+        if len(groups) != 1:
+            return self.ack_many(deliveries), self.claim(0, count)
+        [q] = groups
+        acked, got = q.ack_and_claim(deliveries, count)
+        return acked, got or self.claim(0, count)
+
     # -- settling -----------------------------------------------------------------------
 
     def ack(self, delivery: Delivery, result: bytes | str | None = None) -> bool:
