@@ -180,22 +180,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=1, help="runs of each; the median is shown")
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
     args = ap.parse_args(argv)
-    rows: list[dict[str, Any]] = []
     every: list[dict[str, Any]] = []
     plan: list[tuple[str, list[int]]] = [("cluster", args.shards), ("single", args.single_shards)]
     with RedisClusterServers() as cluster, RedisServer() as single:
         ports = {"cluster": [n.port for n in cluster.nodes], "single": [single.port]}
         if 6379 in ports["cluster"] + ports["single"]:
             raise RuntimeError("refusing to benchmark on port 6379")
-        for setup, counts in plan:
-            for shards in counts:
-                runs = []
-                for rep in range(args.reps):
-                    print(f"{setup} shards={shards} rep {rep + 1}/{args.reps}", file=sys.stderr,
-                          flush=True)  # fmt: skip
-                    runs.append(run_one(setup, ports[setup], shards, args))
-                every += runs
-                rows.append(median_row(runs))
+        runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for rep in range(args.reps):  # reps interleaved: neighbours in time are compared
+            for setup, counts in plan:
+                for shards in counts:
+                    print(f"rep {rep + 1}/{args.reps}: {setup} shards={shards}",
+                          file=sys.stderr, flush=True)  # fmt: skip
+                    row = run_one(setup, ports[setup], shards, args)
+                    runs.setdefault((setup, shards), []).append(row)
+                    every.append(row)
+        rows = [median_row(r) for r in runs.values()]
     print(report(rows, args))
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)},
