@@ -386,6 +386,14 @@ def test_command_line_and_metrics_see_one_logical_queue(
     assert (row["id"], row["reason"].split(" (")[0]) == (d.id, "bad")
     assert main(["replay", "--url", url, name, "--all"]) == 0
     assert "replayed 1" in capsys.readouterr().out
+    [held] = q.claim(timeout=0)
+    assert main(["inspect", "--url", url, name, "--json"]) == 0
+    assert [json.loads(x)["id"] for x in capsys.readouterr().out.splitlines()] == [held.id]
+    assert main(["queues", "--url", url, "--json"]) == 0
+    [listed] = [row for x in capsys.readouterr().out.splitlines()
+                if name in (row := json.loads(x))["queue"]]  # fmt: skip
+    assert (listed["queue"], listed["shards"], listed["ready"]) == (name, 3, 4)
+    assert q.release([held]) == 1
     samples = {(m.name, s.labels.get("priority")): s.value
                for m in QueueCollector(lambda: [q]).collect() for s in m.samples
                if s.labels.get("queue") == name}  # fmt: skip
