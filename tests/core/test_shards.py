@@ -160,6 +160,17 @@ def test_two_consumers_in_threads_share_the_shards_and_run_each_message_once(
     assert all(got), "both consumers got work"
 
 
+def test_a_process_that_publishes_and_claims_alternately_still_spreads(
+    r: redis.Redis, name: str, opened: list[ShardedQueue]
+) -> None:
+    q = sharded(opened, r, name, shards=2)
+    for i in range(6):
+        q.publish(f"m{i}")
+        [d] = q.claim(timeout=0)
+        assert q.ack(d)
+    assert [s["published"] for s in q.shard_stats().values()] == [3, 3]
+
+
 def test_ack_and_claim_moves_on_to_the_other_shards(
     r: redis.Redis, name: str, opened: list[ShardedQueue]
 ) -> None:

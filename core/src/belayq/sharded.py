@@ -85,7 +85,10 @@ class ShardedQueue:
             q.sharded_as = name
         self.shards: tuple[ReliableQueue, ...] = tuple(parts)
         self._by_name = {q.name: q for q in parts}
-        self._turn = itertools.count(random.randrange(shards))
+        # Separate turns, so a process that publishes and claims alternately still deals its
+        # messages over every shard (one shared counter would give publishes every other).
+        self._publish_turn = itertools.count(random.randrange(shards))
+        self._claim_turn = itertools.count(random.randrange(shards))
 
     @_redis_errors
     def _record_count(self, shards: int) -> None:
@@ -116,7 +119,7 @@ class ShardedQueue:
     # -- routing ------------------------------------------------------------------------
 
     def _rotation(self) -> list[ReliableQueue]:
-        start = next(self._turn) % len(self.shards)
+        start = next(self._claim_turn) % len(self.shards)
         return [*self.shards[start:], *self.shards[:start]]
 
     def shard_of(self, delivery: Delivery) -> ReliableQueue:
@@ -154,7 +157,7 @@ class ShardedQueue:
         if dedup_id:
             digest = hashlib.sha1(dedup_id.encode("utf-8")).digest()
             return self.shards[int.from_bytes(digest[:4], "big") % len(self.shards)]
-        return self.shards[next(self._turn) % len(self.shards)]
+        return self.shards[next(self._publish_turn) % len(self.shards)]
 
     def publish_result(
         self,
@@ -191,7 +194,7 @@ class ShardedQueue:
         and ``batch``); returns their ids in order."""
         items = list(payloads)
         n = len(self.shards)
-        start = next(self._turn)
+        start = next(self._publish_turn)
         ids: list[str] = [""] * len(items)
         for k in range(n):
             q = self.shards[(start + k) % n]
