@@ -8,7 +8,7 @@ here, in Python.
 
 * Publishing spreads messages round robin (from a random start per process); a message with
   a ``dedup_id`` goes to the shard the id hashes to (CRC32), so deduplication still holds.
-* Claiming is :func:`belayq.claim_any` over the shards, starting at a rotating shard: one
+* Claiming is :func:`belayq.claim_any` over the shards, starting at a random shard: one
   script when the first shard tried has work; when all are empty it blocks in BLMOVE on every
   shard at once (on a cluster, on each shard's node), so an idle consumer does not poll.
 * Settling goes to the shard that owns the claim (:attr:`Delivery.shard`); fencing, leases,
@@ -85,10 +85,11 @@ class ShardedQueue:
             q.sharded_as = name
         self.shards: tuple[ReliableQueue, ...] = tuple(parts)
         self._by_name = {q.name: q for q in parts}
-        # Separate turns, so a process that publishes and claims alternately still deals its
-        # messages over every shard (one shared counter would give publishes every other).
+        # Publishes take turns from a random start (a process that publishes and claims
+        # alternately still deals its messages over every shard). Claims start at a random
+        # shard each time: a counter copied into forked consumers (Celery's prefork pool)
+        # would have them all try the same shard at the same moment.
         self._publish_turn = itertools.count(random.randrange(shards))
-        self._claim_turn = itertools.count(random.randrange(shards))
 
     @_redis_errors
     def _record_count(self, shards: int) -> None:
@@ -119,7 +120,7 @@ class ShardedQueue:
     # -- routing ------------------------------------------------------------------------
 
     def _rotation(self) -> list[ReliableQueue]:
-        start = next(self._claim_turn) % len(self.shards)
+        start = random.randrange(len(self.shards))
         return [*self.shards[start:], *self.shards[:start]]
 
     def shard_of(self, delivery: Delivery) -> ReliableQueue:
@@ -208,7 +209,7 @@ class ShardedQueue:
     # -- consuming ----------------------------------------------------------------------
 
     def claim(self, timeout: float | None = 1.0, count: int = 1) -> list[Delivery]:
-        """Claim up to ``count`` messages from the shards, starting at a rotating one,
+        """Claim up to ``count`` messages from the shards, starting at a random one,
         waiting up to ``timeout`` s for the first (blocked on every shard at once: see
         :func:`belayq.claim_any`). ``timeout=0`` does not wait; None waits until one comes.
         """
