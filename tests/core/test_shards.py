@@ -143,6 +143,17 @@ def test_cluster_spreads_over_the_nodes_and_each_message_runs_once(
     assert (s["ready"], s["in_flight"], s["acked"], s["shards"]) == (0, 0, len(ids), shards)
 
 
+def test_every_backend_runs_each_message_once(
+    any_client: Any, name: str, opened: list[ShardedQueue]
+) -> None:
+    """Redis 7, Redis 6.2 (belayq's floor), the cluster and fakeredis (users' unit tests)."""
+    q = sharded(opened, any_client, name, shards=3)
+    ids = q.publish_many([f"m{i}" for i in range(20)])
+    assert sorted(d.id for d in drain(q, count=3)) == sorted(ids)
+    assert q.stats()["acked"] == 20
+    assert q.drop()
+
+
 def test_two_consumers_in_threads_run_each_message_once(
     cluster: RedisCluster, name: str, opened: list[ShardedQueue]
 ) -> None:
