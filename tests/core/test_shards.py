@@ -6,7 +6,8 @@ wakes for a message on any shard and sends next to nothing while it waits; FIFO 
 priorities hold within a shard; fencing stays per shard; stats, dead letters, replay,
 history, purge and drop see the logical queue, and so do the command line and the metrics;
 the shard count cannot be changed under the messages; an idle consumer creates no keys; and
-after a kill -9 of a consumer every message it held comes back.
+after a kill -9 of a consumer (holding claims, or mid-stream) every message it held comes
+back, and nothing it acked runs again.
 """
 
 from __future__ import annotations
@@ -477,3 +478,56 @@ def test_kill_9_of_a_consumer_brings_every_message_it_held_back(
     assert sorted(d.id for d in got) == sorted(ids)  # all back, each once
     assert {d.id for d in got if d.deliveries == 2} == held
     assert q.stats()["reclaimed"] == 12
+
+
+STREAM_CHILD = """
+import os, sys, time
+from redis.cluster import ClusterNode, RedisCluster
+from belayq import ShardedQueue
+port, name, log = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+q = ShardedQueue(RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", port)]), name,
+                 shards=3, lease_ms=1000, sweep_interval_ms=100)
+fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+while True:
+    for d in q.claim(timeout=1, count=2):
+        os.write(fd, f"claimed {d.id}\\n".encode())
+        time.sleep(0.005)
+        if q.ack(d):
+            os.write(fd, f"acked {d.id}\\n".encode())
+"""
+
+
+def test_kill_9_of_a_consumer_mid_stream_loses_nothing_and_runs_nothing_twice(
+    cluster: RedisCluster, cluster_servers: RedisClusterServers, name: str,
+    opened: list[ShardedQueue], tmp_path: Path,
+) -> None:  # fmt: skip
+    q = sharded(opened, cluster, name, shards=3, lease_ms=1000, sweep_interval_ms=100)
+    ids = q.publish_many([b"m%03d" % i for i in range(300)])
+    log = tmp_path / "child.log"
+    child = subprocess.Popen(
+        [sys.executable, "-c", STREAM_CHILD, str(cluster_servers.nodes[0].port), name, str(log)],
+    )  # fmt: skip
+
+    def logged(what: str) -> set[str]:
+        lines = log.read_text().splitlines() if log.exists() else []
+        return {line.split()[1] for line in lines if line.startswith(what + " ")}
+
+    try:
+        wait_for(lambda: len(logged("acked")) >= 60, 20, "the child acking")
+        os.kill(child.pid, signal.SIGKILL)  # mid-stream: between any two of its calls
+        child.wait(5)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(5)
+    claimed, acked = logged("claimed"), logged("acked")
+    got: list[Delivery] = []
+    wait_for(lambda: got.extend(drain(q)) or q.stats()["acked"] >= len(ids), 15,
+             lambda: f"{q.stats()}")  # fmt: skip
+    survivor = {d.id for d in got}
+    assert not survivor & acked  # an ack that returned True is final: never run again
+    assert len(got) == len(survivor)
+    unseen = set(ids) - survivor - acked  # acked by the child, killed before it logged
+    assert unseen <= claimed - acked and len(unseen) <= 2
+    s = q.stats()
+    assert (s["acked"], s["ready"], s["in_flight"], s["delayed"]) == (len(ids), 0, 0, 0)
