@@ -323,6 +323,8 @@ def test_an_ack_after_a_shards_lease_expired_is_refused(
     assert q.ack_many(first) == [False] * 3  # fenced, each by its own shard
     assert q.stats()["stale_acks"] == 3
     assert q.ack_many(again) == [True] * 3
+    with pytest.raises(ConfigError, match="each shard's channel"):
+        q.events()
     foreign = Delivery("x", b"", "t", 1, "other-queue")
     with pytest.raises(ConfigError, match="not claimed from"):
         q.ack(foreign)

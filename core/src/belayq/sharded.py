@@ -316,6 +316,18 @@ class ShardedQueue(ShardedAdmin):
             ),
         )
 
+    def events(self) -> Any:
+        """Not offered: each shard publishes its events on its own channel.
+
+        Raises:
+            ConfigError: Always; subscribe to the shards instead
+                (``[s.events() for s in q.shards]``).
+        """
+        raise ConfigError(
+            f"queue {self.name!r} is sharded: its events go to each shard's channel; "
+            "subscribe to them with [s.events() for s in q.shards]"
+        )
+
     def close(self, *, release: bool = True) -> None:
         """As :meth:`ReliableQueue.close`, for every shard."""
         for q in self.shards:
