@@ -14,6 +14,7 @@ from .events import Event, EventStream
 from .keys import SCHEMA_VERSION, QueueKeys
 from .models import DeadLetter, Delivery, HistoryRecord, Published, SweepResult
 from .queue import ReliableQueue
+from .sharded import ShardedQueue
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -33,6 +34,7 @@ __all__ = [
     "RedisTooOld",
     "ReliableQueue",
     "SchemaMismatch",
+    "ShardedQueue",
     "SweepResult",
 ]
 __version__ = "0.1.0"

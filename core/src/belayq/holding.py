@@ -42,6 +42,8 @@ class HeldClaims:
     """Bookkeeping of unsettled claims, mixed into :class:`~belayq.ReliableQueue`."""
 
     name: str
+    #: The logical queue's name when this queue is one shard of a ShardedQueue.
+    sharded_as: str | None = None
     config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
@@ -81,9 +83,10 @@ class HeldClaims:
                 payload=bytes(flat[i + 1]),
                 token=_text(flat[i + 2]),
                 deliveries=int(flat[i + 3]),
-                queue=self.name,
+                queue=self.sharded_as or self.name,
                 attempts=int(flat[i + 4]),
                 exhausted=final is not None and int(flat[i + 4]) + ran_before >= final,
+                shard=self.name if self.sharded_as else "",
             )
             for i in range(0, len(flat), 5)
         ]

@@ -12,6 +12,7 @@ whole or fails whole), and a queue holds a fixed number of keys however many mes
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -21,6 +22,16 @@ from redis.crc import key_slot
 from .errors import ConfigError, CrossSlot
 
 SCHEMA_VERSION = 2
+
+#: Most shards one logical queue may have (:class:`~belayq.ShardedQueue`).
+MAX_SHARDS = 64
+
+#: Cluster hash slots.
+SLOTS = 16384
+
+#: The field of the logical queue's own stats hash (``belayq:{q}:stats``) that records its
+#: shard count, when it is above 1.
+SHARDS_FIELD = "shards"
 
 
 def _has_hash_tag(key: str) -> bool:
@@ -196,6 +207,49 @@ def stats_key_kinds(prefix: str = "belayq") -> tuple[tuple[str, str, str], ...]:
         ("rq", "{rq:queue:*}:stats", r"^\{rq:queue:(.+)\}:stats$"),
         ("kombu", "{*}:stats", r"^\{(.+)\}:stats$"),
     )
+
+
+def shard_names(name: str, shards: int) -> tuple[str, ...]:
+    """The queue names of the ``shards`` shards of logical queue ``name``; each is the hash
+    tag of its keys (``belayq:{<shard name>}:...``).
+
+    One shard is the queue itself (``name``: today's layout, nothing renamed). Shard ``i`` of
+    ``n > 1`` is ``name~s<j>`` for the smallest ``j`` whose slot falls within a quarter of a
+    slot range around the middle of the ``i``-th of ``n`` equal ranges (``(i + 1/2) * 16384 /
+    n``, +- ``16384 / 8n``). The names depend only on ``name`` and ``n``; they hash to ``n``
+    distinct slots, and on a cluster whose masters hold equal contiguous slot ranges (what
+    ``redis-cli --cluster create`` makes) ``n`` shards over ``m`` masters land ``n / m`` per
+    master when ``m`` divides ``n`` (one per master when ``n == m``), as evenly as the
+    ranges allow otherwise.
+
+    Raises:
+        ConfigError: ``shards`` is not an int within 1..MAX_SHARDS, or the name holds braces.
+    """
+    if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+        raise ConfigError(f"shards must be an int within 1..{MAX_SHARDS}, got {shards!r}")
+    if "{" in name or "}" in name:
+        raise ConfigError(f"queue name {name!r} must not contain braces")
+    return _shard_names(name, shards)
+
+
+@functools.cache
+def _shard_names(name: str, shards: int) -> tuple[str, ...]:
+    if shards == 1:
+        return (name,)
+    width = SLOTS / shards
+    half = width / 8
+    names: list[str | None] = [None] * shards
+    left = shards
+    j = 0
+    while left:
+        candidate = f"{name}~s{j}"
+        slot = key_slot(candidate.encode())
+        i = int(slot // width)
+        if abs(slot - (i + 0.5) * width) <= half and names[i] is None:
+            names[i] = candidate
+            left -= 1
+        j += 1
+    return tuple(n for n in names if n is not None)
 
 
 def revocations_key(prefix: str = "belayq") -> str:

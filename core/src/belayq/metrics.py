@@ -33,6 +33,7 @@ from .models import text as _text
 
 if TYPE_CHECKING:
     from .queue import ReliableQueue
+    from .sharded import AnyQueue
 
 #: The counters, as the queue's stats hash names them.
 COUNTERS = (
@@ -86,7 +87,7 @@ def server_ms(q: ReliableQueue) -> int:
 class QueueCollector:
     """A prometheus_client collector of the queues ``queues()`` returns at each scrape."""
 
-    def __init__(self, queues: Callable[[], Iterable[ReliableQueue]]) -> None:
+    def __init__(self, queues: Callable[[], Iterable[AnyQueue]]) -> None:
         self.queues = queues
 
     def describe(self) -> list[Any]:
@@ -113,19 +114,21 @@ class QueueCollector:
                  "Time since the least recently renewed lease was renewed"),
             )
         }
+        from .sharded import parts_of
+
         for q in self.queues():
             stats = q.stats()
-            now = server_ms(q)
             for name, family in counters.items():
                 family.add_metric([q.name], float(stats.get(name, 0)))
             for step, count in zip(q.config.priority_steps, q.ready_by_level(), strict=True):
                 ready.add_metric([q.name, str(step)], float(count))
             for name in ("in_flight", "delayed", "dead"):
                 gauges[name].add_metric([q.name], float(stats[name]))
-            for name, age in (("oldest_ready_age_seconds", oldest_ready_age_s(q, now)),
-                              ("oldest_lease_age_seconds", oldest_lease_age_s(q, now))):
-                if age is not None:
-                    gauges[name].add_metric([q.name], age)
+            for name, of in (("oldest_ready_age_seconds", oldest_ready_age_s),
+                             ("oldest_lease_age_seconds", oldest_lease_age_s)):
+                ages = [age for p in parts_of(q) if (age := of(p, server_ms(p))) is not None]
+                if ages:  # the oldest over a sharded queue's shards
+                    gauges[name].add_metric([q.name], max(ages))
         yield from counters.values()
         yield ready
         yield from gauges.values()

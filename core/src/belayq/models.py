@@ -28,6 +28,8 @@ class Delivery:
         exhausted: The message had already run ``max_deliveries`` times before this claim
             (only with ``exhausted="deliver"``): record its failure and ack it; do not run
             it.
+        shard: The name of the shard it was claimed from, when ``queue`` is a
+            :class:`~belayq.ShardedQueue` (whose settle calls route by it); ``""`` otherwise.
     """
 
     id: str
@@ -37,6 +39,7 @@ class Delivery:
     queue: str
     attempts: int = 0
     exhausted: bool = False
+    shard: str = ""
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from .errors import redis_errors as _redis_errors
 from .events import EventStream
 from .holding import FORKABLE
 from .keeper import KEEPER
-from .keys import SCHEMA_VERSION, QueueKeys
+from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
 from .models import Delivery, SweepResult
 from .publishing import Publishing
 from .scripts import Arg, ScriptRunner
@@ -115,7 +115,12 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
                     )
             vars(self.client)[_CHECKED] = versions
         self._scripts.server_versions = versions
-        found = self.client.hget(self.keys.stats, "schema")
+        found, shards = self.client.hmget(self.keys.stats, ["schema", SHARDS_FIELD])
+        if shards is not None and int(shards) > 1:
+            raise ConfigError(
+                f"queue {self.name!r} is sharded over {int(shards)} shards: open it with "
+                f"ShardedQueue(client, {self.name!r}, shards={int(shards)})"
+            )
         if found is not None and int(found) != SCHEMA_VERSION:
             raise SchemaMismatch(
                 f"queue {self.name!r} was written with key schema {int(found)}; this belayq "

@@ -34,7 +34,7 @@ from typing import Any
 import redis
 
 from ..errors import BelayqError
-from ..queue import ReliableQueue
+from ..sharded import AnyQueue, ShardedQueue
 from . import views
 from .targets import KINDS, CliError, Found, connect, list_queues, open_queue, redact, resolve
 
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, ReliableQueue]:
+def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
     found = resolve(client, args.queue, args.kind, prefix=args.prefix)
     return found, open_queue(client, found, prefix=args.prefix, lease_ms=args.lease_ms)
 
@@ -130,7 +130,7 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequenc
         print(views.table(rows, columns) if rows else "(none)")
 
 
-def _all(client: redis.Redis, args: argparse.Namespace) -> list[tuple[Found, ReliableQueue]]:
+def _all(client: redis.Redis, args: argparse.Namespace) -> list[tuple[Found, AnyQueue]]:
     names = getattr(args, "queue", None) or []
     found = ([resolve(client, n, args.kind, prefix=args.prefix) for n in names]
              or list_queues(client, args.prefix))
@@ -146,9 +146,13 @@ def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
 
 def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
     found, q = _queue(client, args)
-    stats = {"kind": found.kind, "queue": found.name, **q.stats(),
-             "ready_by_priority": dict(zip(map(str, q.config.priority_steps),
-                                           q.ready_by_level(), strict=True))}
+    stats: dict[str, Any] = {
+        "kind": found.kind, "queue": found.name, **q.stats(),
+        "ready_by_priority": dict(zip(map(str, q.config.priority_steps), q.ready_by_level(),
+                                      strict=True))}
+    if isinstance(q, ShardedQueue):
+        stats["by_shard"] = {name: {k: s.get(k, 0) for k in views.SHARD_COLUMNS}
+                             for name, s in q.shard_stats().items()}
     if args.json:
         print(json.dumps(stats))
     else:

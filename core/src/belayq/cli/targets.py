@@ -11,9 +11,10 @@ from typing import Any
 
 import redis
 
-from ..keys import kombu_layout, rq_layout, stats_key_kinds
+from ..keys import SHARDS_FIELD, kombu_layout, rq_layout, shard_names, stats_key_kinds
 from ..models import text as _text
 from ..queue import ReliableQueue
+from ..sharded import AnyQueue, ShardedQueue, parts_of, recorded_shards
 
 #: URL schemes the command takes, and the redis-py scheme each one means.
 SCHEMES = {"redis": "redis", "rediss": "rediss", "unix": "unix", "belayq": "redis",
@@ -76,29 +77,42 @@ def layout(kind: str, name: str, *, prefix: str = "belayq",
 
 
 def open_queue(client: redis.Redis, found: Found, *, prefix: str = "belayq",
-               lease_ms: int | None = None) -> ReliableQueue:
-    """The queue, opened without a lease keeper (the command claims nothing). ``lease_ms``:
-    the lease its consumers use (what a lease's age is measured against)."""
+               lease_ms: int | None = None) -> AnyQueue:
+    """The queue, opened without a lease keeper (the command claims nothing); a sharded
+    queue as its logical queue, with the shard count it recorded. ``lease_ms``: the lease
+    its consumers use (what a lease's age is measured against)."""
     args = layout(found.kind, found.name, prefix=prefix)
     if lease_ms is not None:
         args["lease_ms"] = lease_ms
+    if found.kind == "belayq":
+        shards = recorded_shards(client, found.name, prefix)
+        if shards > 1:
+            return ShardedQueue(client, found.name, shards=shards, keeper=False, **args)
     return ReliableQueue(client, found.name, keeper=False, **args)
 
 
 def list_queues(client: redis.Redis, prefix: str = "belayq") -> list[Found]:
     """Every queue whose stats key exists (SCAN: an operator's command, never a hot path),
-    by kind then name."""
+    by kind then name. A sharded queue is listed once, by its logical name (its stats key
+    records its shard count); its shards are not listed."""
     found: dict[tuple[str, str], Found] = {}
+    shard_of: set[str] = set()
     for kind, glob, pattern in stats_key_kinds(prefix):
         for key in client.scan_iter(match=glob, count=1000):
             m = re.match(pattern, _text(key))
-            if m is None or not client.hexists(key, "schema"):
+            if m is None:
                 continue
+            schema, shards = client.hmget(key, ["schema", SHARDS_FIELD])
             name = m.group(1)
+            if kind == "belayq" and shards is not None and int(shards) > 1:
+                shard_of.update(shard_names(name, int(shards)))
+            elif schema is None:
+                continue
             if kind == "kombu" and name.startswith("rq:queue:"):
                 continue  # an RQ queue's stats key matches kombu's pattern too
             found.setdefault((kind, name), Found(kind, name))
-    return sorted(found.values(), key=lambda f: (KINDS.index(f.kind), f.name))
+    listed = [f for f in found.values() if not (f.kind == "belayq" and f.name in shard_of)]
+    return sorted(listed, key=lambda f: (KINDS.index(f.kind), f.name))
 
 
 def resolve(client: redis.Redis, name: str, kind: str = "auto", *,
@@ -112,7 +126,8 @@ def resolve(client: redis.Redis, name: str, kind: str = "auto", *,
     kinds = KINDS if kind == "auto" else (kind,)
     for k in kinds:
         q = open_queue(client, Found(k, name), prefix=prefix)
-        if client.exists(q.keys.stats) or any(client.exists(level) for level in q.keys.levels):
+        if any(client.exists(p.keys.stats) or any(client.exists(level) for level in p.keys.levels)
+               for p in parts_of(q)):
             return Found(k, name)
     raise CliError(f"no queue {name!r} ({'any kind' if kind == 'auto' else kind}) on this "
                    "server: `belayq queues` lists them")

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from itertools import zip_longest
 from typing import Any
 
 from ..admin import BELL, parse_meta
 from ..metrics import server_ms
 from ..models import text as _text
 from ..queue import ReliableQueue
+from ..sharded import AnyQueue, parts_of
 
 #: Characters of a payload shown in a listing.
 PREVIEW_CHARS = 120
@@ -34,9 +36,15 @@ def describe(payload: bytes | None) -> dict[str, Any]:
     return {"payload": text + ("..." if len(payload) > PREVIEW_CHARS else "")}
 
 
-def in_flight(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+def in_flight(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
     """The claims held, soonest to expire first: lease time left, deliveries, runs, and
-    what the payload says (the holder, where it tells)."""
+    what the payload says (the holder, where it tells); over every shard of a sharded
+    queue."""
+    rows = [row for p in parts_of(q) for row in _in_flight(p, limit)]
+    return sorted(rows, key=lambda row: float(row["lease_left_s"]))[:limit]
+
+
+def _in_flight(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
     now = server_ms(q)
     rows = q.client.zrange(q.keys.leases, 0, limit - 1, withscores=True)
     ids = [_text(i) for i, _ in rows]
@@ -54,10 +62,16 @@ def in_flight(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
     return out
 
 
-def ready(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+def ready(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
     """The next ``limit`` messages to be claimed, highest priority level first (a level
     list holds ids of messages whose payload belayq keeps, or a stock producer's entries
-    themselves)."""
+    themselves); of a sharded queue, each shard's next ones in turn (shards keep no common
+    order)."""
+    per = [_ready(p, limit) for p in parts_of(q)]
+    return [row for rank in zip_longest(*per) for row in rank if row is not None][:limit]
+
+
+def _ready(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
     left = q.config.ready_head == "left"
     pipe = q.client.pipeline(transaction=False)
     for level in q.keys.levels:
@@ -70,8 +84,13 @@ def ready(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
             for i, e, p in zip(ids, entries, payloads, strict=True)]
 
 
-def delayed(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
-    """The delayed messages, soonest due first."""
+def delayed(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
+    """The delayed messages, soonest due first (over every shard of a sharded queue)."""
+    rows = [row for p in parts_of(q) for row in _delayed(p, limit)]
+    return sorted(rows, key=lambda row: float(row["due_in_s"]))[:limit]
+
+
+def _delayed(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
     now = server_ms(q)
     rows = q.client.zrange(q.keys.delayed, 0, limit - 1, withscores=True)
     ids = [_text(i) for i, _ in rows]
@@ -80,7 +99,7 @@ def delayed(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
             for (raw_id, due), p in zip(rows, payloads, strict=True)]
 
 
-def dead(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
+def dead(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
     return [{"id": d.id, "reason": d.reason, "deliveries": d.deliveries,
              "attempts": d.attempts, "dead_at_ms": d.dead_at_ms, **describe(d.payload)}
             for d in q.dead_letters(limit)]
@@ -100,6 +119,11 @@ QUEUE_COLUMNS = ("kind", "queue", "ready", "in_flight", "delayed", "dead", "acke
                  "reclaimed", "dead_lettered")
 
 
-def queue_row(kind: str, q: ReliableQueue) -> dict[str, Any]:
+#: The figures ``belayq stats`` shows for each shard of a sharded queue.
+SHARD_COLUMNS = ("ready", "in_flight", "delayed", "dead", "acked")
+
+
+def queue_row(kind: str, q: AnyQueue) -> dict[str, Any]:
     stats = q.stats()
-    return {"kind": kind, "queue": q.name, **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}
+    return {"kind": kind, "queue": q.name, "shards": stats.get("shards", 1),
+            **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..cli import views
 from ..cli.targets import KINDS, CliError, Found, list_queues, open_queue, resolve
 from ..errors import BelayqError, ConfigError
-from ..queue import ReliableQueue
+from ..sharded import AnyQueue
 from .demo import DemoPool, PoolSettings
 
 STATIC = Path(__file__).parent / "static"
@@ -67,7 +67,7 @@ class Dashboard:
         self.kind = kind
         self.prefix = prefix
         self.demo = demo
-        self._open: dict[Found, ReliableQueue] = {}
+        self._open: dict[Found, AnyQueue] = {}
         self._found: tuple[float, list[Found]] | None = None
 
     def found(self) -> list[Found]:
@@ -85,7 +85,7 @@ class Dashboard:
             self._found = (now, found)
         return self._found[1]
 
-    def queue(self, kind: str, name: str) -> ReliableQueue:
+    def queue(self, kind: str, name: str) -> AnyQueue:
         if kind not in KINDS:
             raise CliError(f"unknown kind {kind!r}")
         found = Found(kind, name)
@@ -105,7 +105,7 @@ class Dashboard:
         rows = [views.queue_row(f.kind, self.queue(f.kind, f.name)) for f in self.found()]
         return {"queues": rows, "demo": self.demo.state() if self.demo else None}
 
-    def detail(self, q: ReliableQueue) -> dict[str, Any]:
+    def detail(self, q: AnyQueue) -> dict[str, Any]:
         hung = set(self.demo.hung) if self.demo else set()
         in_flight = views.in_flight(q, SHOWN)
         for row in in_flight:
@@ -202,7 +202,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
 
         return endpoint
 
-    def target(request: Request) -> ReliableQueue:
+    def target(request: Request) -> AnyQueue:
         return board.queue(request.path_params["kind"], request.path_params["name"])
 
     def overview(request: Request, body: dict[str, Any]) -> Any:

@@ -1,0 +1,103 @@
+"""Inspection and administration of a :class:`~belayq.ShardedQueue` as one logical queue:
+sums and merges over its shards (mixed into it)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .config import QueueConfig
+from .errors import ConfigError
+from .errors import redis_errors as _redis_errors
+from .keys import SHARDS_FIELD, QueueKeys
+from .models import DeadLetter, HistoryRecord
+from .queue import ReliableQueue
+
+#: Stats that are neither sizes nor counters (not summed over the shards).
+_NOT_SUMMED = ("schema",)
+
+
+class ShardedAdmin:
+    """Read-mostly operations of :class:`~belayq.ShardedQueue` (mixed into it)."""
+
+    name: str
+    client: Any
+    config: QueueConfig
+    shards: tuple[ReliableQueue, ...]
+    _by_name: dict[str, ReliableQueue]
+
+    def shard_stats(self) -> dict[str, dict[str, int]]:
+        """Each shard's :meth:`ReliableQueue.stats`, by shard name."""
+        return {q.name: q.stats() for q in self.shards}
+
+    def stats(self) -> dict[str, int]:
+        """The logical queue's sizes and counters: each summed over the shards (see
+        :meth:`ReliableQueue.stats`), and ``shards``, the shard count."""
+        out: dict[str, int] = {}
+        for s in self.shard_stats().values():
+            for name, value in s.items():
+                if name not in _NOT_SUMMED:
+                    out[name] = out.get(name, 0) + value
+        out["shards"] = len(self.shards)
+        return out
+
+    def ready_by_level(self) -> list[int]:
+        """Messages waiting in each priority level, summed over the shards."""
+        per = [q.ready_by_level() for q in self.shards]
+        return [sum(level) for level in zip(*per, strict=True)]
+
+    def dead_letters(self, limit: int = 100) -> list[DeadLetter]:
+        """The newest ``limit`` dead letters of every shard together, newest first."""
+        every = [d for q in self.shards for d in q.dead_letters(limit)]
+        return sorted(every, key=lambda d: -d.dead_at_ms)[:limit]
+
+    def history(self, outcome: str = "done", limit: int = 50) -> list[HistoryRecord]:
+        """The newest ``limit`` finished messages of every shard together, newest first."""
+        every = [h for q in self.shards for h in q.history(outcome, limit)]
+        return sorted(every, key=lambda h: -h.finished_ms)[:limit]
+
+    @_redis_errors
+    def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
+        """As :meth:`ReliableQueue.replay_dead`: the dead letters in ``ids`` (each back in
+        its own shard), or, when ``ids`` is None, the oldest ``limit`` over every shard."""
+        if isinstance(ids, (str, bytes)):
+            raise ConfigError("replay_dead(ids=...) takes a sequence of ids, not one string")
+        if ids is not None:
+            wanted = list(ids)
+            return sum(q.replay_dead(wanted) for q in self.shards) if wanted else 0
+        oldest = sorted(
+            (float(at), q.name, m.decode())
+            for q in self.shards
+            for m, at in q.client.zrange(q.keys.dead, 0, limit - 1, withscores=True)
+        )
+        by_shard: dict[str, list[str]] = {}
+        for _, shard, msg_id in oldest[:limit]:
+            by_shard.setdefault(shard, []).append(msg_id)
+        return sum(self._by_name[s].replay_dead(chunk) for s, chunk in by_shard.items())
+
+    def purge(self, on_batch: Callable[[int], Any] | None = None) -> int:
+        """Delete every waiting message of every shard; returns how many (``on_batch``:
+        called with the running total after each batch)."""
+        total = 0
+        for q in self.shards:
+            before = total
+
+            def progress(n: int, before: int = before) -> None:
+                if on_batch is not None:
+                    on_batch(before + n)
+
+            total += q.purge(progress)
+        return total
+
+    @_redis_errors
+    def drop(self) -> bool:
+        """Delete every shard and the recorded shard count. Refused (False, nothing deleted)
+        while any shard has a message claimed."""
+        if any(s["in_flight"] or s["landing"] for s in self.shard_stats().values()):
+            return False
+        if not all([q.drop() for q in self.shards]):
+            return False
+        if len(self.shards) > 1:
+            base = QueueKeys.build(self.name, prefix=self.config.prefix).stats
+            self.client.hdel(base, SHARDS_FIELD)
+        return True
