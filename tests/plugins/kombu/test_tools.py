@@ -88,7 +88,7 @@ def test_flower_and_the_celery_commands(workers: Any, celery_env: dict[str, str]
         control = stock.control.inspect(timeout=3)
         queues_of = control.active_queues() or {}
         assert [q["name"] for qs in queues_of.values() for q in qs] == [kq]
-        assert list((control.stats() or {}).values())[0]["pool"]["processes"]
+        assert next(iter((control.stats() or {}).values()))["pool"]["processes"]
         with stock.connection_for_read() as conn:
             assert conn.channel().client.llen(kq) == r.llen(kq)
 
