@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from typing import Any
 
 import redis
@@ -12,6 +14,12 @@ from .constants import (
     BLOCK_SHARE_OF_SOCKET_TIMEOUT,
     REDIS_PY_READ_TIMEOUT_S,
 )
+from .errors import EvictionRiskWarning
+
+log = logging.getLogger("belayq")
+
+#: Policies that may evict a key without a TTL: every belayq queue key.
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 
 def is_cluster(client: Any) -> bool:
@@ -63,3 +71,39 @@ def aof_enabled(client: Any) -> bool:
         return bool(int(info["aof_enabled"]))
     nodes = [v for v in info.values() if isinstance(v, dict)]
     return bool(nodes) and all(int(v.get("aof_enabled", 0)) for v in nodes)
+
+
+def eviction_policies(client: Any) -> list[str]:
+    """``maxmemory_policy`` of every server the client reaches, from ``INFO memory`` (which
+    managed services allow where they disable CONFIG); [] when the server will not say (an
+    ACL user without +info, fakeredis)."""
+    try:
+        info = client.info("memory")
+    except redis.ResponseError as exc:  # NoPermissionError included
+        log.debug("cannot read the eviction policy (INFO memory): %s", exc)
+        return []
+    if "maxmemory_policy" in info:
+        return [str(info["maxmemory_policy"])]
+    return [
+        str(v["maxmemory_policy"])
+        for v in info.values()
+        if isinstance(v, dict) and "maxmemory_policy" in v
+    ]
+
+
+def warn_if_evicting(client: Any) -> None:
+    """Warn (:class:`~belayq.errors.EvictionRiskWarning`) when a server the client reaches
+    may evict keys that have no TTL. Called once per client, when its first queue connects.
+    """
+    risky = sorted({p for p in eviction_policies(client) if p in EVICTING_POLICIES})
+    if risky:
+        warnings.warn(
+            f"Redis maxmemory-policy is {', '.join(risky)}: under memory pressure Redis will "
+            "delete keys that have no TTL, and belayq's queue keys (ready, in flight, dead "
+            "messages) have none, so messages can vanish without an error. Set "
+            "maxmemory-policy to noeviction (or a volatile-* policy; on a managed service, "
+            "in its parameter group / configuration), so a full server refuses writes "
+            "instead. See docs/managed-redis.md.",
+            EvictionRiskWarning,
+            stacklevel=5,
+        )
