@@ -44,6 +44,7 @@ class Load:
     options: dict[str, Any]
     consumers: int = 4
     publish_pause_s: float = 0.005
+    work_s: float = 0.05  # each run holds its claim this long: some are in flight at the event
     confirmed: list[str] = field(default_factory=list)
     unconfirmed: list[tuple[str, float, float]] = field(default_factory=list)  # (p, t, took)
     uncertain: list[str] = field(default_factory=list)  # publish failed otherwise
@@ -104,6 +105,7 @@ class Load:
                 continue
             for d in got:
                 payload = d.payload.decode()
+                time.sleep(self.work_s)
                 try:
                     outcome = "acked" if q.ack(d) else "stale"
                 except DurabilityError:

@@ -177,3 +177,21 @@ def test_no_warning_and_no_failure_when_info_is_denied() -> None:
         client.close()
         admin.close()
         server.stop()
+
+
+def test_cli_lists_no_queues_without_scan_but_opens_named_ones(
+    managed: RedisServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Listing queues is an operator's SCAN: refused, it says so; a named queue needs none."""
+    from belayq.cli import main
+
+    client = redis.Redis(port=managed.port)
+    try:
+        ReliableQueue(client, "mr-cli", keeper=False).publish(b"m")
+    finally:
+        client.close()
+    url = f"redis://127.0.0.1:{managed.port}/0"
+    assert main(["queues", "--url", url]) == 2
+    assert "refuses SCAN" in capsys.readouterr().err
+    assert main(["stats", "--url", url, "mr-cli"]) == 0
+    assert "ready" in capsys.readouterr().out

@@ -90,7 +90,7 @@ def list_queues(client: redis.Redis, prefix: str = "belayq") -> list[Found]:
     by kind then name."""
     found: dict[tuple[str, str], Found] = {}
     for kind, glob, pattern in stats_key_kinds(prefix):
-        for key in client.scan_iter(match=glob, count=1000):
+        for key in _scan(client, glob):
             m = re.match(pattern, _text(key))
             if m is None or not client.hexists(key, "schema"):
                 continue
@@ -99,6 +99,16 @@ def list_queues(client: redis.Redis, prefix: str = "belayq") -> list[Found]:
                 continue  # an RQ queue's stats key matches kombu's pattern too
             found.setdefault((kind, name), Found(kind, name))
     return sorted(found.values(), key=lambda f: (KINDS.index(f.kind), f.name))
+
+
+def _scan(client: redis.Redis, glob: str) -> list[bytes]:
+    try:
+        return list(client.scan_iter(match=glob, count=1000))
+    except redis.ResponseError as exc:  # renamed away or denied (managed Redis, an ACL)
+        raise CliError(
+            f"cannot list queues: the server refuses SCAN ({exc}); name the queue instead "
+            "(docs/managed-redis.md)"
+        ) from None
 
 
 def resolve(client: redis.Redis, name: str, kind: str = "auto", *,
