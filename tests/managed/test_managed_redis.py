@@ -4,8 +4,9 @@
   and Azure Cache do for CONFIG, and operators do for KEYS) runs the core's whole hot path:
   publish, delayed publish and its promotion, blocking and non-blocking claims, claim_any,
   extend, ack, nack, dead-letter, replay, the sweep's recovery, stats and purge.
-* The same hot path as an ACL user denied ``@dangerous``, ``KEYS``, ``SCAN`` and ``CONFIG``
-  whose key pattern is the queue's own keys only (``~belayq:{<queue>}:*``): Redis 7 checks
+* The same hot path as the ACL user of docs/managed-redis.md (denied ``@dangerous``,
+  ``KEYS``, ``SCAN`` and ``CONFIG``), whose key patterns are the queues' own keys only
+  (``~belayq:{<queue>}:*``): Redis 7 checks
   ACL key patterns for every command a script runs, so an empty ``ACL LOG`` shows that no
   transition touches a key outside the queue's.
 * ``maxmemory-policy``: ``allkeys-*`` gives one ``EvictionRiskWarning`` per client (read from
@@ -15,10 +16,12 @@
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -32,6 +35,13 @@ from tests.conftest import any_binary
 RENAMED = ["--rename-command", "CONFIG", "", "--rename-command", "KEYS", ""]
 RENAMED += ["--rename-command", "SCAN", ""]
 PASSWORD = "managed-pw"
+
+
+def documented_rules() -> list[str]:
+    """The rule tokens of the ``ACL SETUSER belayq-managed`` block of docs/managed-redis.md."""
+    text = (Path(__file__).parents[2] / "docs" / "managed-redis.md").read_text()
+    [block] = re.findall(r"```\n(ACL SETUSER belayq-managed .*?)```", text, re.S)
+    return block.split()[3:]
 
 
 def start(*args: str) -> RedisServer:
@@ -106,8 +116,10 @@ def test_hot_path_as_a_user_limited_to_the_queues_keys(managed: RedisServer) -> 
     name = f"mr-acl-{uuid.uuid4().hex[:6]}"
     user = f"queue-{name}"
     admin = redis.Redis(port=managed.port)
-    rules = ["on", f">{PASSWORD}", "resetkeys", "resetchannels", "+@all", "-@dangerous"]
-    rules += ["-keys", "-scan", "-config", "+info", "+client|unblock"]
+    documented = documented_rules()
+    assert "~belayq:{orders}:*" in documented, documented
+    # The documented rules, for this test's two queues instead of "orders".
+    rules = [r.replace("CHANGE-ME", PASSWORD) for r in documented if r[0] not in "~&"]
     rules += [f"~belayq:{{{name}}}:*", f"~belayq:{{{name}-2}}:*"]
     rules += [f"&belayq:{{{name}}}:*", f"&belayq:{{{name}-2}}:*"]
     admin.execute_command("ACL", "SETUSER", user, *rules)

@@ -47,8 +47,12 @@ def connect(url: str) -> redis.Redis:
         raise CliError(f"not a Redis URL: {redact(url)!r} (want redis://, rediss://, unix://, "
                        "belayq:// or belayqs://)")
     try:
+        # Long-running commands (watch, exporter, dashboard) sit behind idle-socket
+        # killers: keepalives and a PING before reusing an idle connection
+        # (docs/managed-redis.md).
         client = redis.Redis.from_url(SCHEMES[scheme] + url[len(scheme):],
-                                      socket_connect_timeout=5, socket_timeout=10)
+                                      socket_connect_timeout=5, socket_timeout=10,
+                                      socket_keepalive=True, health_check_interval=30)
         client.ping()
     except ValueError as exc:
         raise CliError(f"cannot read the URL {redact(url)!r}: {exc}") from None
