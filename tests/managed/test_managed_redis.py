@@ -207,3 +207,24 @@ def test_cli_lists_no_queues_without_scan_but_opens_named_ones(
     assert "refuses SCAN" in capsys.readouterr().err
     assert main(["stats", "--url", url, "mr-cli"]) == 0
     assert "ready" in capsys.readouterr().out
+
+
+def test_eviction_warning_reads_every_primary_of_a_cluster() -> None:
+    """One primary of three evicts: the warning comes (read from every primary's INFO)."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    from belayq.embedded import RedisClusterServers
+
+    with RedisClusterServers(any_binary()) as cluster:
+        last = cluster.nodes[-1]
+        redis.Redis(port=last.port).config_set("maxmemory-policy", "allkeys-lfu")
+        client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                ReliableQueue(client, "ev-cluster", keeper=False)
+                ReliableQueue(client, "ev-cluster-2", keeper=False)
+            risk = [str(w.message) for w in seen if issubclass(w.category, EvictionRiskWarning)]
+            assert len(risk) == 1 and "allkeys-lfu" in risk[0], risk
+        finally:
+            client.close()

@@ -78,7 +78,10 @@ def eviction_policies(client: Any) -> list[str]:
     managed services allow where they disable CONFIG); [] when the server will not say (an
     ACL user without +info, fakeredis)."""
     try:
-        info = client.info("memory")
+        if is_cluster(client):  # every primary, not just the client's default node
+            info = client.info("memory", target_nodes=client.PRIMARIES)
+        else:
+            info = client.info("memory")
     except redis.ResponseError as exc:  # NoPermissionError included
         log.debug("cannot read the eviction policy (INFO memory): %s", exc)
         return []
