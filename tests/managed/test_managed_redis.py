@@ -9,6 +9,8 @@
   (``~belayq:{<queue>}:*``): Redis 7 checks
   ACL key patterns for every command a script runs, so an empty ``ACL LOG`` shows that no
   transition touches a key outside the queue's.
+* RQ with belayq_rq as a user denied KEYS, SCAN and CONFIG: no attempt in ``ACL LOG``;
+  ``belayq queues`` without SCAN says so, and a named queue needs none.
 * ``maxmemory-policy``: ``allkeys-*`` gives one ``EvictionRiskWarning`` per client (read from
   ``INFO memory``, never CONFIG); ``noeviction`` and ``volatile-*`` none; a user that may not
   run INFO gets none either, and its queue works.
@@ -228,3 +230,41 @@ def test_eviction_warning_reads_every_primary_of_a_cluster() -> None:
             assert len(risk) == 1 and "allkeys-lfu" in risk[0], risk
         finally:
             client.close()
+
+
+def test_an_rq_worker_needs_no_config_keys_or_scan() -> None:
+    """belayq_rq and RQ itself, as a user denied only KEYS, SCAN and CONFIG (on a server
+    that still has them, so that an attempt is refused by the ACL and logged, not unknown):
+    a burst worker runs the jobs (one fails) and ``ACL LOG`` holds no attempt. (A real
+    ``celery worker`` and ``rq worker`` as users that may not run them:
+    tests/security/test_acl.py.)"""
+    import rq
+    from rq.job import JobStatus
+
+    import belayq_rq
+    from tests.plugins.rq import jobs
+
+    server = start()
+    admin = redis.Redis(port=server.port)
+    rules = ["on", f">{PASSWORD}", "~*", "&*", "+@all", "-keys", "-scan", "-config"]
+    admin.execute_command("ACL", "SETUSER", "rq-managed", *rules)
+    admin.acl_log_reset()
+    conn = redis.Redis(port=server.port, username="rq-managed", password=PASSWORD)
+    try:
+        q = rq.Queue(f"mr-rq-{uuid.uuid4().hex[:6]}", connection=conn)
+        ok = [q.enqueue(jobs.add, i, 1) for i in range(3)]
+        bad = q.enqueue(jobs.fail)
+        belayq_rq.SimpleWorker([q.name], connection=conn).work(burst=True, logging_level="CRITICAL")
+        assert [j.get_status() for j in ok] == [JobStatus.FINISHED] * 3
+        assert [j.return_value() for j in ok] == [1, 2, 3]
+        assert bad.get_status() == JobStatus.FAILED
+        refused = [e for e in admin.acl_log() if e.get("username") == "rq-managed"]
+        assert refused == [], refused
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            conn.keys("*")  # the rules bite, and would have been logged
+        assert [e.get("object") for e in admin.acl_log()] == ["keys"]
+    finally:
+        KEEPER.stop_all()
+        conn.close()
+        admin.close()
+        server.stop()
