@@ -44,11 +44,18 @@ def blocking_cap_s(kwargs: dict[str, Any]) -> float:
                min(BLOCK_ROUND_MAX_S, float(timeout) * BLOCK_SHARE_OF_SOCKET_TIMEOUT))
 
 
+def _info(client: Any, section: str) -> Any:
+    """``INFO section``; of every primary of a cluster (redis-py asks one node otherwise)."""
+    if is_cluster(client):
+        return client.info(section, target_nodes=client.PRIMARIES)
+    return client.info(section)
+
+
 def server_versions(client: Any) -> list[str]:
     """``redis_version`` of every server the client reaches ([] when it will not say:
     fakeredis has no INFO, and emulates a recent Redis)."""
     try:
-        info = client.info("server")
+        info = _info(client, "server")
     except redis.ResponseError:
         return []
     if "redis_version" in info:
@@ -64,7 +71,7 @@ def version_tuple(version: str) -> tuple[int, ...]:
 def aof_enabled(client: Any) -> bool:
     """Whether every server the client reaches has appendonly on."""
     try:
-        info = client.info("persistence")
+        info = _info(client, "persistence")
     except redis.ResponseError:
         return False
     if "aof_enabled" in info:
@@ -78,10 +85,7 @@ def eviction_policies(client: Any) -> list[str]:
     managed services allow where they disable CONFIG); [] when the server will not say (an
     ACL user without +info, fakeredis)."""
     try:
-        if is_cluster(client):  # every primary, not just the client's default node
-            info = client.info("memory", target_nodes=client.PRIMARIES)
-        else:
-            info = client.info("memory")
+        info = _info(client, "memory")
     except redis.ResponseError as exc:  # NoPermissionError included
         log.debug("cannot read the eviction policy (INFO memory): %s", exc)
         return []
