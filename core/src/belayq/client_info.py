@@ -40,8 +40,9 @@ def blocking_cap_s(kwargs: dict[str, Any]) -> float:
     # A pool built by from_url() or by hand may not name socket_timeout, yet redis-py 8's
     # connections then read with a 5 s timeout: assume that, never wait that long in one go.
     timeout = kwargs.get("socket_timeout") or REDIS_PY_READ_TIMEOUT_S
-    return max(BLOCK_ROUND_MIN_S,
-               min(BLOCK_ROUND_MAX_S, float(timeout) * BLOCK_SHARE_OF_SOCKET_TIMEOUT))
+    return max(
+        BLOCK_ROUND_MIN_S, min(BLOCK_ROUND_MAX_S, float(timeout) * BLOCK_SHARE_OF_SOCKET_TIMEOUT)
+    )
 
 
 def _info(client: Any, section: str) -> Any:

@@ -181,7 +181,11 @@ class RedisClusterServers:
 
     :attr:`nodes` are the masters as started and :attr:`replicas` their replicas
     (``replicas[i]`` replicates ``nodes[i]``); after a failover the roles differ:
-    :meth:`master_of_key` and :meth:`replica_of` ask the cluster.
+    :meth:`master_of_key` and :meth:`replica_of` ask the cluster. A node stopped with
+    :meth:`kill` starts again with ``node.start()`` (same port and directory, so the same
+    node id); a master that was failed over meanwhile rejoins as a replica. The nodes keep
+    no data on disk: a killed master restarted *before* its replica took over comes back
+    empty and still a master (what a self-run cluster without persistence risks too).
     """
 
     def __init__(
