@@ -139,10 +139,12 @@ class Load:
         return Counter(r.payload for r in self.runs)
 
     def first_run_after(self, t: float) -> Run | None:
-        return next((r for r in list(self.runs) if r.acked_at > t), None)
+        """The first run claimed after ``t`` (its ack came after the claim)."""
+        return next((r for r in list(self.runs) if r.claimed_at > t), None)
 
     def consumers_after(self, t: float) -> set[int]:
-        return {r.consumer for r in list(self.runs) if r.acked_at > t}
+        """The consumers that claimed something after ``t``."""
+        return {r.consumer for r in list(self.runs) if r.claimed_at > t}
 
     def in_flight_at(self, t: float) -> set[str]:
         """Payloads some consumer had claimed by ``t`` and not yet acked."""

@@ -14,7 +14,8 @@ publishes with ``wait_replicas=1`` and four consumers claim (two blocked in
   promoted master has no replica: publishes and acks raise ``DurabilityError`` after
   ``wait_timeout_ms`` (never hang), and their writes are still there.
 
-The seconds without service (the event -> the first claim and ack after it) are printed.
+The seconds without service (the event -> the ack of the first message claimed after it)
+are printed.
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ def test_manual_failover_loses_nothing_and_runs_nothing_twice(
     assert load.alive(), "a consumer stopped"
     drain(load, cluster)
     twice = check_contract(load)
-    figures = report("CLUSTER FAILOVER", load, gap)
+    figures = report(
+        "CLUSTER FAILOVER", load, gap, f"(first claim {first.claimed_at - t_event:.2f} s)"
+    )
     assert not twice, f"a clean handover ran messages twice: {twice}"
     # The old master turns into the new one's replica at once, but its link takes a moment:
     # a publish or two right after the switch may find no replica connected yet.
@@ -183,7 +186,8 @@ def test_killed_master_loses_nothing_confirmed(
         "SIGKILL master",
         load,
         gap,
-        f"(replica promoted {promoted_s:.2f} s after the kill; {len(in_flight)} in flight)",
+        f"(replica promoted {promoted_s:.2f} s after the kill, first claim "
+        f"{first.claimed_at - t_event:.2f} s; {len(in_flight)} in flight at the kill)",
     )
     # Only a delivery in flight at the kill (claimed, not yet acked on a replica) may run
     # again; each consumer holds one at a time. (With this 3 s lease, shorter than the
