@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -197,3 +198,80 @@ def test_killed_master_loses_nothing_confirmed(
     assert all(n == 2 for n in twice.values()), twice
     assert len(in_flight) <= CONSUMERS, in_flight
     assert gap < 15, f"{gap:.2f} s without service after the kill"
+
+
+def _info(cluster: RedisClusterServers, node: Any, section: str) -> dict[str, Any]:
+    return dict(cluster._cmd(node, "INFO", section))
+
+
+def _calls(cluster: RedisClusterServers, node: Any) -> Counter[str]:
+    stats = _info(cluster, node, "commandstats")
+    return Counter({k: int(v["calls"]) for k, v in stats.items()})
+
+
+@pytest.mark.parametrize("event", ["CLUSTER FAILOVER", "SIGKILL"])
+def test_idle_blocked_consumers_follow_the_slot_without_polling(
+    failover_cluster: RedisClusterServers, event: str
+) -> None:
+    """Two idle consumers, blocked in BLMOVE on the queue's master (one in ``claim``, one in
+    ``claim_any``): after ``CLUSTER FAILOVER`` (or the master's SIGKILL) both block on the
+    new master, which sees only a handful of calls while they wait (no polling), and a
+    message published then reaches a consumer at once."""
+    import threading
+
+    cluster = failover_cluster
+    name = f"cf-idle-{uuid.uuid4().hex[:6]}"
+    clients = [cluster_client(cluster) for _ in range(3)]
+    producer, *queues = (ReliableQueue(c, name) for c in clients)
+    got: list[tuple[float, bytes]] = []
+    stop = threading.Event()
+
+    def consume(i: int) -> None:
+        q = queues[i]
+        while not stop.is_set():
+            for d in claim_any([q], timeout=30) if i else q.claim(timeout=30):
+                got.append((time.monotonic(), d.payload))
+                q.ack(d)
+
+    from belayq.claim_any import claim_any
+
+    threads = [threading.Thread(target=consume, args=(i,), daemon=True) for i in (0, 1)]
+    try:
+        for t in threads:
+            t.start()
+        master = cluster.master_of_key(producer.keys.ready)
+        replica = cluster.replica_of(master)
+        blocked = lambda node: int(_info(cluster, node, "clients")["blocked_clients"])  # noqa: E731
+        wait_for(lambda: blocked(master) == 2, 10, "both consumers blocked on the master")
+        t0 = time.monotonic()
+        if event == "SIGKILL":
+            cluster.kill(master)
+            cluster.wait_promoted(replica)
+        else:
+            cluster.manual_failover(replica)
+        wait_for(lambda: blocked(replica) == 2, 15, "both consumers blocked on the new master")
+        moved_s = time.monotonic() - t0
+        before = _calls(cluster, replica)
+        time.sleep(1.0)
+        # What the consumers send (commandstats also counts the commands scripts run).
+        sent = ("cmdstat_evalsha", "cmdstat_eval", "cmdstat_fcall", "cmdstat_blmove")
+        idle_calls = sum((_calls(cluster, replica) - before)[k] for k in sent)
+        # Each consumer's keeper sweeps once a second; a BLMOVE round lasts up to 4 s.
+        assert idle_calls <= 6, f"{idle_calls} claims and scripts in 1 s of waiting: polling?"
+        t_pub = time.monotonic()
+        producer.publish(b"after")
+        wait_for(lambda: got, 5, "the message published after the handover")
+        pickup_s = got[0][0] - t_pub
+        print(
+            f"\n[idle, {event}] blocked again on the new master {moved_s:.2f} s after the "
+            f"event; {idle_calls} calls in 1 s idle; pickup {pickup_s * 1000:.0f} ms"
+        )
+        assert [p for _, p in got] == [b"after"]
+        assert pickup_s < 1.0, f"pickup took {pickup_s:.2f} s"
+    finally:
+        stop.set()
+        producer.publish_many([b"stop", b"stop"])  # wake both consumers
+        for t in threads:
+            t.join(10)
+        for c in clients:
+            c.close()

@@ -252,10 +252,7 @@ class RedisClusterServers:
         }
         try:
             if self.replicas:
-                self._wait(
-                    lambda: all(self._known(n) == len(self.all_nodes) for n in self.all_nodes),
-                    "every node to meet the others",
-                )
+                self._wait(self._all_met, "every node to meet the others")
                 for master, replica in zip(self.nodes, self.replicas, strict=True):
                     self._cmd(replica, "CLUSTER", "REPLICATE", self.node_ids[master.port])
                 self._wait(self._replicas_in_sync, "every replica to be in sync")
@@ -369,6 +366,18 @@ class RedisClusterServers:
             if "myself" in parts[2]:
                 return parts[3]
         return "-"
+
+    def _all_met(self) -> bool:
+        """Whether every node knows every other; a node that does not yet is sent MEET
+        again (a MEET can get lost while a loaded machine starts six servers)."""
+        lagging = [n for n in self.all_nodes if self._known(n) < len(self.all_nodes)]
+        for n in lagging:
+            for other in self.all_nodes:
+                if other is not n:
+                    self._cmd(n, "CLUSTER", "MEET", "127.0.0.1", other.port)
+        if lagging:
+            time.sleep(0.2)
+        return not lagging
 
     def _known(self, node: RedisServer) -> int:
         return int(self._field(self._cmd(node, "CLUSTER", "INFO"), "cluster_known_nodes") or 0)
