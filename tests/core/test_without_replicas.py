@@ -58,7 +58,7 @@ def test_writes_apply_and_raise(client: redis.Redis) -> None:
 
 
 def test_the_keepers_beat_still_sweeps(client: redis.Redis) -> None:
-    q = queue(client, lease_ms=200, heartbeat_interval_ms=50)
+    q = queue(client, lease_ms=5000)  # its claim must outlive the test's waits
     other = ReliableQueue(client, q.name, lease_ms=200, keeper=False)
     for payload in (b"held", b"lost"):
         refused(lambda p=payload: q.publish(p))  # type: ignore[misc]
@@ -69,3 +69,19 @@ def test_the_keepers_beat_still_sweeps(client: redis.Redis) -> None:
     assert q.held == [held]
     back = q.claim(timeout=1)
     assert [d.id for d in back] == [lost.id], "the lost claim was not swept back"
+
+
+def test_retried_settles_that_raise_are_done_and_the_rest_still_run(
+    client: redis.Redis,
+) -> None:
+    """Acks kept for a retry (Redis was unreachable) that then find no replica: each runs
+    (DurabilityError), none is kept held or left behind."""
+    q = queue(client)
+    for payload in (b"a", b"b", b"c"):
+        refused(lambda p=payload: q.publish(p))  # type: ignore[misc]
+    got = q.claim(timeout=1, count=3)
+    assert len(got) == 3
+    q.retry_later("ack", got)
+    assert q.retry_unsettled() == 0
+    assert q.unsettled == 0 and q.held == []
+    assert q.stats()["in_flight"] == 0 and q.claim(timeout=0) == []

@@ -184,6 +184,13 @@ class HeldClaims:
                 with self._lock:
                     self._unsettled[:0] = pending[i:]
                 break
+            except DurabilityError as exc:  # it ran on the primary: settled, unconfirmed
+                log.warning("%s of %s on %s: %s", op, d.id, self.name, exc)
+                continue
+            except BaseException:  # refused whole (OOM...): keep it and the rest for later
+                with self._lock:
+                    self._unsettled[:0] = pending[i:]
+                raise
             if not ok:
                 log.warning("%s of %s on %s refused after a retry: its lease had expired and "
                             "it was redelivered", op, d.id, self.name)
