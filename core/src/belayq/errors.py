@@ -42,6 +42,17 @@ class ConnectionLost(BelayqError, ConnectionError):
     idempotent and may be retried."""
 
 
+class BelayqWarning(UserWarning):
+    """Root of every warning belayq emits."""
+
+
+class EvictionRiskWarning(BelayqWarning):
+    """The server's ``maxmemory-policy`` may evict keys that have no TTL (``allkeys-*``):
+    under memory pressure Redis would silently delete queued, in-flight or dead messages.
+    belayq's queue keys never have a TTL, so ``noeviction`` and the ``volatile-*`` policies
+    keep them; a full server then refuses writes (OOM) instead."""
+
+
 def redis_errors(fn: F) -> F:
     """Translate redis-py's connection errors into :class:`ConnectionLost`."""
 

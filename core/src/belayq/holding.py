@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .config import QueueConfig
-from .errors import ConnectionLost
+from .errors import ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
@@ -121,6 +121,8 @@ class HeldClaims:
         self._forget(deliveries)
         try:
             yield
+        except DurabilityError:
+            raise  # the settle ran on the primary: nothing of it is held any more
         except BaseException:
             with self._lock:
                 for d in deliveries:
@@ -185,6 +187,13 @@ class HeldClaims:
                 with self._lock:
                     self._unsettled[:0] = pending[i:]
                 break
+            except DurabilityError as exc:  # it ran on the primary: settled, unconfirmed
+                log.warning("%s of %s on %s: %s", op, d.id, self.name, exc)
+                continue
+            except BaseException:  # refused whole (OOM...): keep it and the rest for later
+                with self._lock:
+                    self._unsettled[:0] = pending[i:]
+                raise
             if not ok:
                 log.warning("%s of %s on %s refused after a retry: its lease had expired and "
                             "it was redelivered", op, d.id, self.name)
@@ -208,7 +217,14 @@ class HeldClaims:
         held = self.held
         if held:
             # A claim settled while this runs is refused here without counting as stale.
-            for d, ok in zip(held, self._extend(held, count_stale=False), strict=True):
+            try:
+                extended = self._extend(held, count_stale=False)
+            except DurabilityError as exc:
+                # The leases were extended on the primary (no replica confirmed it, e.g.
+                # a promoted master that has none yet): the sweep must still run.
+                log.warning("lease heartbeat of %s: %s", self.name, exc)
+                extended = [True] * len(held)
+            for d, ok in zip(held, extended, strict=True):
                 if not ok and self._still_held(d):
                     log.warning(
                         "lease of %s on %s was lost; it will be redelivered", d.id, self.name
