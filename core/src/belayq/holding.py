@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from . import client_info
 from .config import QueueConfig
 from .errors import ConnectionLost
 from .keeper import KEEPER
@@ -42,6 +43,7 @@ class HeldClaims:
     """Bookkeeping of unsettled claims, mixed into :class:`~belayq.ReliableQueue`."""
 
     name: str
+    client: Any
     config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
@@ -199,7 +201,9 @@ class HeldClaims:
     def heartbeat(self) -> None:
         """Retry the settlements that could not reach Redis, extend every held lease
         (reporting the starts since the last beat) and run the sweep (the keeper calls
-        this)."""
+        this). A Sentinel-managed client first asks where the primary is, so the beats
+        follow a failover at once (:func:`~belayq.client_info.follow_primary`)."""
+        client_info.follow_primary(self.client)
         if self._unsettled:
             self.retry_unsettled()
         held = self.held
