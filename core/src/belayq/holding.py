@@ -14,7 +14,7 @@ from typing import Any
 
 from . import client_info
 from .config import QueueConfig
-from .errors import ConnectionLost
+from .errors import ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
@@ -116,10 +116,13 @@ class HeldClaims:
     @contextlib.contextmanager
     def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:
         # Forget before the script runs, so a heartbeat racing this settle does not try to
-        # extend what is being settled; hold them again if the settle never reached Redis.
+        # extend what is being settled; hold them again if the settle never reached Redis
+        # (not after DurabilityError: it reached the primary, only unconfirmed).
         self._forget(deliveries)
         try:
             yield
+        except DurabilityError:
+            raise  # it landed on the primary: there is nothing left to hold
         except BaseException:
             with self._lock:
                 for d in deliveries:
@@ -184,6 +187,15 @@ class HeldClaims:
                 with self._lock:
                     self._unsettled[:0] = pending[i:]
                 break
+            except DurabilityError as exc:
+                # It landed on the primary; only the replicas' confirmation is missing.
+                log.warning("%s of %s on %s landed unconfirmed: %s", op, d.id, self.name, exc)
+                continue
+            except BaseException:
+                # Keep the rest for the next beat (their leases are still extended).
+                with self._lock:
+                    self._unsettled[:0] = pending[i + 1 :]
+                raise
             if not ok:
                 log.warning("%s of %s on %s refused after a retry: its lease had expired and "
                             "it was redelivered", op, d.id, self.name)
