@@ -281,3 +281,17 @@ class Traffic:
         with self.run.lock:
             late = [p for p, at in self.run.published.items() if self.run.after_kill(at)]
             return all(p in self.run.deliveries for p in late)
+
+
+def replicas_caught_up(group: RedisSentinelServers, timeout: float = 30.0) -> None:
+    """Wait until every replica has processed every write the primary has made so far."""
+    with redis.Redis(port=group.primary.port) as primary:
+        offset = int(primary.info("replication")["master_repl_offset"])
+    for server in group.servers:
+        if server.port == group.primary.port:
+            continue
+        with redis.Redis(port=server.port) as replica:
+            deadline = time.monotonic() + timeout
+            while int(replica.info("replication").get("slave_repl_offset", -1)) < offset:
+                assert time.monotonic() < deadline, f"replica {server.port} stays behind"
+                time.sleep(0.01)

@@ -163,12 +163,44 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         self._belayq_killed_on_purpose = False
         try:
             super().execute_job(job, queue)
+        except _SERVER_AWAY as exc:
+            # RQ's own records around the run (before the fork, or after the work horse
+            # ended) could not be written: the server restarts or fails over. RQ's loop would
+            # stop the worker; the job's fate is in its claim instead: acked by the horse,
+            # or left to expire and be redelivered.
+            log.warning("job %s: the server is away around the run (%s); going on", job.id, exc)
         finally:
             claim = claim_of(job)
             if claim is not None:
                 # Settled by now (the work horse acked, or it was handed back); a claim the
                 # horse could not settle is left to expire, and the sweep redelivers it.
                 claim.core.forget([claim.delivery])
+
+    # -- RQ's bookkeeping while the server is away ---------------------------------------
+    # RQ stops the worker on any error outside its dequeue, even a lost connection in a
+    # heartbeat. These writes are repeated soon anyway (worker hash, heartbeats, working
+    # time, state), so one that cannot reach a server that restarts or fails over is
+    # skipped, and the worker goes on: on the new primary once the client finds it.
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        _skipped_if_away("heartbeat", super().heartbeat, timeout, pipeline=pipeline)
+
+    def maintain_heartbeats(self, job: Job) -> None:
+        _skipped_if_away("heartbeat", super().maintain_heartbeats, job)
+
+    def set_current_job_working_time(self, working_time: float, pipeline: Any = None) -> None:
+        _skipped_if_away(
+            "working time", super().set_current_job_working_time, working_time, pipeline=pipeline
+        )
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        _skipped_if_away("state", super().set_state, state, pipeline=pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        _skipped_if_away("suspension check", super().check_for_suspension, burst)
+
+    def run_maintenance_tasks(self) -> None:
+        _skipped_if_away("maintenance", super().run_maintenance_tasks)
 
     # -- lost attempts -------------------------------------------------------------------
 
@@ -238,6 +270,15 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             except (redis.RedisError, BelayqError):  # RQ's own cleanup below reports it
                 log.warning("belayq sweep of %s failed", queue.name, exc_info=True)
         super().clean_registries()  # type: ignore[no-untyped-call]
+
+
+def _skipped_if_away(what: str, call: Any, *args: Any, **kwargs: Any) -> None:
+    """``call(*args, **kwargs)``; an error of a server that is away is logged and skipped
+    (queued on a caller's pipeline, nothing is sent, so nothing can fail here)."""
+    try:
+        call(*args, **kwargs)
+    except _SERVER_AWAY as exc:
+        log.warning("RQ's %s write skipped: the server is away (%s)", what, exc)
 
 
 def _text(entry: Any) -> str:
