@@ -11,9 +11,11 @@ with what the promoted replica still holds after the failover.
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,3 +297,23 @@ def replicas_caught_up(group: RedisSentinelServers, timeout: float = 30.0) -> No
             while int(replica.info("replication").get("slave_repl_offset", -1)) < offset:
                 assert time.monotonic() < deadline, f"replica {server.port} stays behind"
                 time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def replication_cut(group: RedisSentinelServers) -> Iterator[float]:
+    """Cut replication until the block ends: what the primary takes meanwhile never reaches
+    a replica, as on a replication link that breaks just before the primary dies. The
+    replicas are frozen (SIGSTOP), so they cannot reconnect, and the primary closes their
+    links (``CLIENT KILL TYPE replica``; what it had sent before stays in their sockets and
+    is applied). Yields when the cut began (monotonic s); the replicas go on at the end."""
+    replicas = [s.proc for s in group.servers[1:] if s.proc is not None]
+    port = group.primary.port
+    for proc in replicas:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        with redis.Redis(port=port) as primary:
+            primary.execute_command("CLIENT", "KILL", "TYPE", "replica")
+        yield time.monotonic()
+    finally:
+        for proc in replicas:
+            proc.send_signal(signal.SIGCONT)

@@ -15,7 +15,6 @@ sentinels promote a replica; producers and consumers on Sentinel-managed clients
 
 from __future__ import annotations
 
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ import redis
 from belayq.embedded import RedisSentinelServers
 from tests.support import wait_for
 
-from .harness import Run, Traffic
+from .harness import Run, Traffic, replication_cut
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -89,34 +88,21 @@ def fail_over(
 
 
 def kill_after_cut(group: RedisSentinelServers, traffic: Traffic) -> tuple[str, int]:
-    """SIGKILL the primary at the end of a window of ``CUT_S`` in which replication is cut:
-    what the primary acknowledged meanwhile never reaches a replica, as on a replication
-    link that breaks just before the primary dies.
-
-    First the consumers pause until a backlog builds (replicated). Then the replicas are
-    frozen (SIGSTOP: they cannot reconnect) and the primary closes their links (``CLIENT
-    KILL TYPE replica``; what it had sent before stays in their sockets and is applied).
-    During the cut the consumers claim from the backlog and hold their batches (claims the
-    replicas never see) while the producer goes on (publishes the replicas never see).
-    After the kill the replicas go on and the consumers ack what they hold.
-    """
+    """SIGKILL the primary at the end of a replication cut of ``CUT_S``
+    (:func:`~.harness.replication_cut`): first the consumers pause until a backlog builds
+    (replicated); during the cut they claim from it and hold their batches (claims the
+    replicas never see) while the producer goes on (publishes the replicas never see);
+    after the kill the consumers ack what they hold."""
     traffic.consuming.clear()
     wait_for(lambda: traffic.backlog() >= BACKLOG, LONG_S, "a backlog")
-    replicas = [s.proc for s in group.servers[1:] if s.proc is not None]
     traffic.holding.set()
-    for proc in replicas:
-        proc.send_signal(signal.SIGSTOP)
     try:
-        with redis.Redis(port=group.master_address()[1]) as primary:
-            primary.execute_command("CLIENT", "KILL", "TYPE", "replica")
-        cut_at = time.monotonic()
-        traffic.consuming.set()
-        wait_for(lambda: traffic.holders == 2, LONG_S, "both consumers to hold a batch")
-        time.sleep(max(0.0, cut_at + CUT_S - time.monotonic()))  # the window's length
-        return traffic.kill_primary()
+        with replication_cut(group) as cut_at:
+            traffic.consuming.set()
+            wait_for(lambda: traffic.holders == 2, LONG_S, "both consumers to hold a batch")
+            time.sleep(max(0.0, cut_at + CUT_S - time.monotonic()))  # the window's length
+            return traffic.kill_primary()
     finally:
-        for proc in replicas:
-            proc.send_signal(signal.SIGCONT)
         traffic.holding.clear()
         traffic.consuming.set()
 

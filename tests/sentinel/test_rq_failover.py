@@ -3,8 +3,10 @@
 primary is SIGKILLed while jobs run and a replica is promoted. With ``wait_replicas=1``:
 
 * every job finishes, none FAILED, and the workers were never restarted;
-* a job runs twice only if it was running at the kill (its end, which RQ records in its
-  own transaction, may not have reached the promoted replica);
+* a job runs twice only if it was running when the replicas stopped getting writes (at the
+  kill; or, in the "cut-then-kill" run, at a replication cut 0.5 s before it): its claim or
+  its end, which RQ records in its own transaction, may not have reached the promoted
+  replica;
 * jobs enqueued after the failover run too;
 * the recovery time (kill to the first job started on the new primary) is printed.
 
@@ -31,7 +33,7 @@ from tests.events.workers import Proc, child_env
 from tests.support import wait_for
 
 from . import rq_app
-from .harness import master_client, replicas_caught_up
+from .harness import master_client, replicas_caught_up, replication_cut
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -40,8 +42,11 @@ JOBS = 40
 JOBS_AFTER = 10
 JOB_S = 0.15
 WORKERS = 2
-#: A job whose run ended this long before the kill had its end recorded by then.
+#: A job whose run ended this long before the replicas stopped getting writes had its end
+#: recorded (RQ's end-of-job transaction, with belayq's ack) on them by then.
 END_RECORDED_S = 0.5
+#: How long replication is cut before the kill, in the "cut-then-kill" run (s).
+CUT_S = 0.5
 LONG_S = 60.0
 
 
@@ -90,11 +95,13 @@ def statuses(client: redis.Redis, ids: list[str]) -> collections.Counter[str]:
     )
 
 
+@pytest.mark.parametrize("cut", [False, True], ids=["kill", "cut-then-kill"])
 def test_rq_worker_through_a_sentinel_failover(
     start_sentinels: Callable[..., RedisSentinelServers],
     procs: Callable[..., Proc],
     tmp_path: Path,
     qname: str,
+    cut: bool,
 ) -> None:
     group = start_sentinels()
     env = child_env()
@@ -124,7 +131,13 @@ def test_rq_worker_through_a_sentinel_failover(
             for _ in range(WORKERS)
         ]
         wait_for(lambda: count(path, "done") >= JOBS // 3, LONG_S, "jobs before the kill")
-        old = group.kill_primary()
+        if cut:
+            with replication_cut(group) as replicated_until:
+                time.sleep(CUT_S)  # the window's length: jobs run, end and are acked
+                old = group.kill_primary()
+        else:
+            replicated_until = time.monotonic()
+            old = group.kill_primary()
         killed = time.monotonic()
         new = group.wait_for_new_primary(old, timeout=LONG_S)
         wait_for(lambda: count(path, "start", killed), LONG_S, "a job started after the kill")
@@ -154,12 +167,14 @@ def test_rq_worker_through_a_sentinel_failover(
         first_start = ns[0][1]
         first_done = next((at for e, at in ns if e == "done"), None)
         assert first_start < killed, f"{job_id} first started after the kill, ran twice: {ns}"
-        assert first_done is None or first_done > killed - END_RECORDED_S, (
-            f"{job_id} ended {killed - first_done:.2f} s before the kill, ran again: {ns}"
+        assert first_done is None or first_done > replicated_until - END_RECORDED_S, (
+            f"{job_id} ended {replicated_until - first_done:.2f} s before the replicas "
+            f"stopped getting writes, and ran again: {ns}"
         )
     assert set(seen) == set(ids), "a job never ran, or something else ran"
+    title = "cut, then kill" if cut else "kill"
     print(
-        f"\n[rq sentinel failover] {len(ids)} jobs, {JOBS_AFTER} enqueued after the kill, "
-        f"all finished, none failed; ran twice: {len(twice)} (running at the kill); first "
-        f"job started on the new primary {recovery_s:.2f} s after the kill"
+        f"\n[rq sentinel failover, {title}] {len(ids)} jobs, {JOBS_AFTER} enqueued after the "
+        f"kill, all finished, none failed; ran twice: {len(twice)}; first job started on the "
+        f"new primary {recovery_s:.2f} s after the kill"
     )
