@@ -22,6 +22,7 @@ import redis
 from belayq import ConnectionLost, ReliableQueue
 from belayq.claim_any import claim_any
 from belayq.embedded import RedisSentinelServers
+from tests.events.servers import Forwarder
 from tests.support import wait_for
 
 from .harness import master_client
@@ -193,3 +194,31 @@ def test_sentinel_client_moves_to_the_new_primary_with_its_keeper(
     finally:
         client.close()
         waiting.close()
+
+
+def test_moved_address_is_found_after_a_demotion(
+    sentinel_servers: RedisSentinelServers, qname: str
+) -> None:
+    """A client whose address moves to the new primary while its open connections stay on
+    the demoted one (a DNS name, a proxy that keeps connections): the first call gets
+    ``ConnectionLost`` and drops the pool's connections, the next one reaches the new
+    primary."""
+    group = sentinel_servers
+    vip = Forwarder(group.primary.port)
+    client = redis.Redis(port=vip.port, socket_timeout=10)
+    try:
+        q = ReliableQueue(client, qname, keeper=False)
+        published = q.publish("before")
+        old, new = fail_over(group)
+        vip.target_port = new[1]  # new connections only: the open one stays on the old node
+        demote(old, new)
+        with pytest.raises(ConnectionLost, match="left the primary role"):
+            q.publish("refused by the demoted node")
+        got = q.claim(timeout=5)
+        assert [d.id for d in got] == [published]
+        assert q.ack_many(got) == [True]
+        with redis.Redis(port=new[1]) as promoted:
+            assert promoted.llen(q.keys.ready) == 0
+    finally:
+        client.close()
+        vip.close()

@@ -54,11 +54,12 @@ def left_primary(exc: BaseException) -> bool:
 
 
 def drop_connections(client: Any) -> None:
-    """Close every connection of ``client``'s pool (they lead to a demoted server), so the
-    next call connects again; a cluster client re-routes by itself and is left alone."""
+    """Close the idle connections of ``client``'s pool (they lead to a demoted server), so
+    the next call connects again; the one that got the answer is idle again by now, and
+    one in use gets the answer itself. A cluster client re-routes by itself: left alone."""
     pool = getattr(client, "connection_pool", None)
     if pool is not None and hasattr(pool, "disconnect"):
-        pool.disconnect()
+        pool.disconnect(inuse_connections=False)
 
 
 def redis_errors(fn: F) -> F:
