@@ -21,9 +21,11 @@ What they add to RQ's workers:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -103,6 +105,7 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
 
     queue_class = Queue
     _belayq_lost: str | None = None
+    _belayq_unrecorded: str | None = None
     _belayq_killed_on_purpose = False
 
     def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
@@ -158,6 +161,26 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
                 log.warning("job %s: the server is away before the start; retrying", job.id)
                 time.sleep(pause)
                 pause = min(pause * 2, _START_RETRY_MAX_PAUSE_S)
+
+    def handle_execution_ended(self, *args: Any, **kwargs: Any) -> None:
+        with self._end_unrecorded(kwargs.get("job") or args[0]):
+            super().handle_execution_ended(*args, **kwargs)
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
+        with self._end_unrecorded(kwargs.get("job") or args[0]):
+            super().handle_job_success(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _end_unrecorded(self, job: Job) -> Iterator[None]:
+        """RQ's records of a run's end did not reach a server that is away (a restart, a
+        failover): RQ would record the job as FAILED by that error. The claim decides
+        instead (see :meth:`handle_job_failure`)."""
+        try:
+            yield
+        except _SERVER_AWAY:
+            if claim_of(job) is not None:
+                self._belayq_unrecorded = job.id
+            raise
 
     def execute_job(self, job: Job, queue: RQQueue) -> None:
         self._belayq_killed_on_purpose = False
@@ -223,6 +246,15 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         exc_string: str = "",
     ) -> None:
         claim = claim_of(job)
+        if claim is not None and self._belayq_unrecorded == job.id:
+            # The run's end may or may not have landed (a reply lost after EXEC): record
+            # nothing. The claim's lease runs out and the sweep redelivers the job; if the
+            # end landed, that delivery only acks it (the job is FINISHED), else it runs
+            # again.
+            self._belayq_unrecorded = None
+            log.warning("job %s: the server went away as the run ended; its lease decides "
+                        "(redelivered after it, acked if the end was recorded)", job.id)
+            return
         lost = self._belayq_lost == job.id or self._cold_shutdown_in_job()
         self._belayq_lost = None
         stopped = getattr(self, "_stopped_job_id", None) == job.id
