@@ -14,7 +14,10 @@ What they add to RQ's workers:
   instead of failing it; after ``max_deliveries`` lost attempts it goes to the
   FailedJobRegistry;
 * each maintenance pass first runs belayq's sweep, and spares from RQ's abandoned-job
-  cleanup the jobs that the sweep already put back in their queue, and jobs that ended.
+  cleanup the jobs that the sweep already put back in their queue, and jobs that ended;
+* a server that restarts or fails over stops neither the worker (RQ's own bookkeeping
+  writes are skipped while it is away) nor a job (a run whose end RQ could not record is
+  left to its claim instead of being FAILED by the connection error).
 
 :class:`FewerRoundTripsMixin` (opt-in) sends RQ's own bookkeeping repeats once.
 """
@@ -38,6 +41,8 @@ from rq.queue import Queue as RQQueue
 from belayq import BelayqError
 
 from . import settle
+from .away import SERVER_AWAY as _SERVER_AWAY
+from .away import SkipsBookkeepingWhileAway
 from .claims import claim_of, driving
 from .queue import Queue
 
@@ -51,8 +56,6 @@ _START_RETRY_SHARE_OF_LEASE = 0.5
 #: First and longest pause between those retries (s).
 _START_RETRY_FIRST_PAUSE_S = 0.05
 _START_RETRY_MAX_PAUSE_S = 1.0
-#: What a restarting or failing-over server answers (LOADING is a ConnectionError).
-_SERVER_AWAY = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
 
 def _upgrade_queue_class(owner: type, queue_class: Any) -> type[Queue]:
@@ -100,7 +103,7 @@ def _upgrade_queues(queues: Any, queue_class: type[Queue]) -> Any:
     return out
 
 
-class BelayqWorkerMixin(rq.worker.BaseWorker):
+class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
     """The belayq parts of :class:`Worker` and :class:`SimpleWorker` (see the module doc)."""
 
     queue_class = Queue
@@ -199,32 +202,6 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
                 # horse could not settle is left to expire, and the sweep redelivers it.
                 claim.core.forget([claim.delivery])
 
-    # -- RQ's bookkeeping while the server is away ---------------------------------------
-    # RQ stops the worker on any error outside its dequeue, even a lost connection in a
-    # heartbeat. These writes are repeated soon anyway (worker hash, heartbeats, working
-    # time, state), so one that cannot reach a server that restarts or fails over is
-    # skipped, and the worker goes on: on the new primary once the client finds it.
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        _skipped_if_away("heartbeat", super().heartbeat, timeout, pipeline=pipeline)
-
-    def maintain_heartbeats(self, job: Job) -> None:
-        _skipped_if_away("heartbeat", super().maintain_heartbeats, job)
-
-    def set_current_job_working_time(self, working_time: float, pipeline: Any = None) -> None:
-        _skipped_if_away(
-            "working time", super().set_current_job_working_time, working_time, pipeline=pipeline
-        )
-
-    def set_state(self, state: str, pipeline: Any = None) -> None:
-        _skipped_if_away("state", super().set_state, state, pipeline=pipeline)
-
-    def check_for_suspension(self, burst: bool) -> None:
-        _skipped_if_away("suspension check", super().check_for_suspension, burst)
-
-    def run_maintenance_tasks(self) -> None:
-        _skipped_if_away("maintenance", super().run_maintenance_tasks)
-
     # -- lost attempts -------------------------------------------------------------------
 
     def kill_horse(self, *args: Any, **kwargs: Any) -> None:
@@ -248,12 +225,11 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         claim = claim_of(job)
         if claim is not None and self._belayq_unrecorded == job.id:
             # The run's end may or may not have landed (a reply lost after EXEC): record
-            # nothing. The claim's lease runs out and the sweep redelivers the job; if the
-            # end landed, that delivery only acks it (the job is FINISHED), else it runs
-            # again.
+            # nothing. If it landed, belayq's ack went with it; if not, the claim's lease
+            # runs out and the sweep redelivers the job, which runs again.
             self._belayq_unrecorded = None
-            log.warning("job %s: the server went away as the run ended; its lease decides "
-                        "(redelivered after it, acked if the end was recorded)", job.id)
+            log.warning("job %s: the server went away as the run ended; left to its claim "
+                        "(acked with the end if it landed, else redelivered)", job.id)
             return
         lost = self._belayq_lost == job.id or self._cold_shutdown_in_job()
         self._belayq_lost = None
@@ -302,15 +278,6 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
             except (redis.RedisError, BelayqError):  # RQ's own cleanup below reports it
                 log.warning("belayq sweep of %s failed", queue.name, exc_info=True)
         super().clean_registries()  # type: ignore[no-untyped-call]
-
-
-def _skipped_if_away(what: str, call: Any, *args: Any, **kwargs: Any) -> None:
-    """``call(*args, **kwargs)``; an error of a server that is away is logged and skipped
-    (queued on a caller's pipeline, nothing is sent, so nothing can fail here)."""
-    try:
-        call(*args, **kwargs)
-    except _SERVER_AWAY as exc:
-        log.warning("RQ's %s write skipped: the server is away (%s)", what, exc)
 
 
 def _text(entry: Any) -> str:
