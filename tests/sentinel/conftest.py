@@ -6,9 +6,7 @@ the group is function-scoped. Missing binary: skip locally, fail under CI=true.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,7 +16,7 @@ from redis.sentinel import Sentinel
 from belayq.embedded import RedisSentinelServers, redis_sentinel_command
 from belayq.keeper import KEEPER
 from tests.conftest import any_binary, unavailable
-from tests.events.workers import Proc
+from tests.events.conftest import procs  # noqa: F401  (worker subprocesses, killed after)
 
 
 @pytest.fixture(scope="session")
@@ -66,20 +64,3 @@ def sentinel_master(sentinel_servers: RedisSentinelServers) -> Iterator[redis.Re
     client = sentinel.master_for(sentinel_servers.service_name, socket_timeout=5)
     yield client
     client.close()
-
-
-@pytest.fixture
-def procs(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
-    """Factory of worker subprocesses, all killed (kill -9, children too) at the end."""
-    started: list[Proc] = []
-
-    def start(cmd: list[str], env: dict[str, str]) -> Proc:
-        p = Proc(cmd, tmp_path / f"proc-{len(started)}.log", env)
-        started.append(p)
-        return p
-
-    yield start
-    for p in started:
-        p.kill9()
-        if os.environ.get("BQ_SHOW_LOGS"):
-            print(f"--- {p.log}\n{p.text()[-6000:]}")
