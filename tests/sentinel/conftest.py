@@ -39,7 +39,8 @@ def start_sentinels(
     started: list[RedisSentinelServers] = []
 
     def start(**options: Any) -> RedisSentinelServers:
-        group = RedisSentinelServers(any_binary(), sentinel_command, **options)
+        options.setdefault("sentinel_command", sentinel_command)
+        group = RedisSentinelServers(any_binary(), **options)
         started.append(group)
         return group.start()
 

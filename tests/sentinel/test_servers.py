@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import redis
 from redis.sentinel import Sentinel
 
 from belayq.embedded import RedisSentinelServers
+from tests.conftest import any_binary
 
 
 def test_kill_primary_promotes_a_replica(sentinel_servers: RedisSentinelServers) -> None:
@@ -27,3 +30,14 @@ def test_kill_primary_promotes_a_replica(sentinel_servers: RedisSentinelServers)
     with redis.Redis(port=new[1]) as direct:
         assert direct.info("replication")["role"] == "master"
     master.close()
+
+
+def test_redis_server_in_sentinel_mode_stands_in_for_redis_sentinel(
+    start_sentinels: Callable[..., RedisSentinelServers],
+) -> None:
+    """Without a ``redis-sentinel`` program, ``redis-server --sentinel`` is used."""
+    group = start_sentinels(sentinel_command=[any_binary(), "--sentinel"])
+    assert group.master_address() == ("127.0.0.1", group.servers[0].port)
+    for sentinel in group.sentinels:
+        with redis.Redis(port=sentinel.port) as client:
+            assert client.info("server")["redis_mode"] == "sentinel"

@@ -304,7 +304,8 @@ class RedisSentinel:
     def start(self) -> RedisSentinel:
         """Start the Sentinel and wait until it answers PING (10 s at most)."""
         self.proc = subprocess.Popen(
-            [*self.command, str(self.dir / "sentinel.conf")],
+            # The configuration file comes first (``redis-server <file> --sentinel``).
+            [self.command[0], str(self.dir / "sentinel.conf"), *self.command[1:]],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
