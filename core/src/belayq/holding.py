@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from . import client_info
 from .config import QueueConfig
 from .errors import ConnectionLost, DurabilityError
 from .keeper import KEEPER
@@ -44,6 +45,7 @@ class HeldClaims:
     name: str
     #: The logical queue's name when this queue is one shard of a ShardedQueue.
     sharded_as: str | None = None
+    client: Any
     config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
@@ -117,7 +119,8 @@ class HeldClaims:
     @contextlib.contextmanager
     def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:
         # Forget before the script runs, so a heartbeat racing this settle does not try to
-        # extend what is being settled; hold them again if the settle never reached Redis.
+        # extend what is being settled; hold them again if the settle never reached Redis
+        # (not after DurabilityError: it reached the primary, only unconfirmed).
         self._forget(deliveries)
         try:
             yield
@@ -211,7 +214,9 @@ class HeldClaims:
     def heartbeat(self) -> None:
         """Retry the settlements that could not reach Redis, extend every held lease
         (reporting the starts since the last beat) and run the sweep (the keeper calls
-        this)."""
+        this). A Sentinel-managed client first asks where the primary is, so the beats
+        follow a failover at once (:func:`~belayq.client_info.follow_primary`)."""
+        client_info.follow_primary(self.client)
         if self._unsettled:
             self.retry_unsettled()
         held = self.held

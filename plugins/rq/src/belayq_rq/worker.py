@@ -14,16 +14,21 @@ What they add to RQ's workers:
   instead of failing it; after ``max_deliveries`` lost attempts it goes to the
   FailedJobRegistry;
 * each maintenance pass first runs belayq's sweep, and spares from RQ's abandoned-job
-  cleanup the jobs that the sweep already put back in their queue, and jobs that ended.
+  cleanup the jobs that the sweep already put back in their queue, and jobs that ended;
+* a server that restarts or fails over stops neither the worker (RQ's own bookkeeping
+  writes are skipped while it is away) nor a job (a run whose end RQ could not record is
+  left to its claim instead of being FAILED by the connection error).
 
 :class:`FewerRoundTripsMixin` (opt-in) sends RQ's own bookkeeping repeats once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -36,6 +41,8 @@ from rq.queue import Queue as RQQueue
 from belayq import BelayqError
 
 from . import settle
+from .away import SERVER_AWAY as _SERVER_AWAY
+from .away import SkipsBookkeepingWhileAway
 from .claims import claim_of, driving
 from .queue import Queue
 
@@ -49,8 +56,6 @@ _START_RETRY_SHARE_OF_LEASE = 0.5
 #: First and longest pause between those retries (s).
 _START_RETRY_FIRST_PAUSE_S = 0.05
 _START_RETRY_MAX_PAUSE_S = 1.0
-#: What a restarting or failing-over server answers (LOADING is a ConnectionError).
-_SERVER_AWAY = (redis.ConnectionError, redis.TimeoutError, redis.ReadOnlyError)
 
 
 def _upgrade_queue_class(owner: type, queue_class: Any) -> type[Queue]:
@@ -98,11 +103,12 @@ def _upgrade_queues(queues: Any, queue_class: type[Queue]) -> Any:
     return out
 
 
-class BelayqWorkerMixin(rq.worker.BaseWorker):
+class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
     """The belayq parts of :class:`Worker` and :class:`SimpleWorker` (see the module doc)."""
 
     queue_class = Queue
     _belayq_lost: str | None = None
+    _belayq_unrecorded: str | None = None
     _belayq_killed_on_purpose = False
 
     def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
@@ -159,10 +165,36 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
                 time.sleep(pause)
                 pause = min(pause * 2, _START_RETRY_MAX_PAUSE_S)
 
+    def handle_execution_ended(self, *args: Any, **kwargs: Any) -> None:
+        with self._end_unrecorded(kwargs.get("job") or args[0]):
+            super().handle_execution_ended(*args, **kwargs)
+
+    def handle_job_success(self, *args: Any, **kwargs: Any) -> None:
+        with self._end_unrecorded(kwargs.get("job") or args[0]):
+            super().handle_job_success(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _end_unrecorded(self, job: Job) -> Iterator[None]:
+        """RQ's records of a run's end did not reach a server that is away (a restart, a
+        failover): RQ would record the job as FAILED by that error. The claim decides
+        instead (see :meth:`handle_job_failure`)."""
+        try:
+            yield
+        except _SERVER_AWAY:
+            if claim_of(job) is not None:
+                self._belayq_unrecorded = job.id
+            raise
+
     def execute_job(self, job: Job, queue: RQQueue) -> None:
         self._belayq_killed_on_purpose = False
         try:
             super().execute_job(job, queue)
+        except _SERVER_AWAY as exc:
+            # RQ's own records around the run (before the fork, or after the work horse
+            # ended) could not be written: the server restarts or fails over. RQ's loop would
+            # stop the worker; the job's fate is in its claim instead: acked by the horse,
+            # or left to expire and be redelivered.
+            log.warning("job %s: the server is away around the run (%s); going on", job.id, exc)
         finally:
             claim = claim_of(job)
             if claim is not None:
@@ -191,6 +223,14 @@ class BelayqWorkerMixin(rq.worker.BaseWorker):
         exc_string: str = "",
     ) -> None:
         claim = claim_of(job)
+        if claim is not None and self._belayq_unrecorded == job.id:
+            # The run's end may or may not have landed (a reply lost after EXEC): record
+            # nothing. If it landed, belayq's ack went with it; if not, the claim's lease
+            # runs out and the sweep redelivers the job, which runs again.
+            self._belayq_unrecorded = None
+            log.warning("job %s: the server went away as the run ended; left to its claim "
+                        "(acked with the end if it landed, else redelivered)", job.id)
+            return
         lost = self._belayq_lost == job.id or self._cold_shutdown_in_job()
         self._belayq_lost = None
         stopped = getattr(self, "_stopped_job_id", None) == job.id
