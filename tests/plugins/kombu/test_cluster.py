@@ -202,3 +202,25 @@ def control(env: dict[str, str], *args: str) -> str:
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
     return out.stdout
+
+
+def test_flower_counts_the_queues_of_a_cluster(
+    cluster_servers: RedisClusterServers, cclient: RedisCluster
+) -> None:
+    pytest.importorskip("flower")
+    import asyncio
+
+    import belayq_kombu.flower  # noqa: F401  (teaches Flower the belayq schemes)
+    from flower.utils.broker import Broker
+
+    names = names_on_distinct_nodes(cclient)
+    with kombu.Connection(cluster_url(cluster_servers)) as conn:
+        for n, q in enumerate(names):
+            sq = conn.SimpleQueue(q)
+            for i in range(n + 1):
+                sq.put({"i": i}, priority=3 * i)
+            sq.close()
+    host, port = cluster_servers.startup_nodes[0]
+    broker = Broker(f"belayq+cluster://{host}:{port}/", broker_options={})
+    counts = asyncio.run(broker.queues(names))
+    assert [c["messages"] for c in counts] == [1, 2, 3]

@@ -57,6 +57,25 @@ def group(start_sentinels: Callable[..., RedisSentinelServers]) -> RedisSentinel
     return start_sentinels()
 
 
+def test_flower_counts_the_queues_on_the_named_primary(group: RedisSentinelServers) -> None:
+    pytest.importorskip("flower")
+    import asyncio
+
+    import belayq_kombu.flower  # noqa: F401  (teaches Flower the belayq schemes)
+    from flower.utils.broker import Broker
+
+    name = f"ks-{uuid.uuid4().hex[:8]}"
+    options = {"master_name": group.service_name}
+    with kombu.Connection(sentinel_url(group), transport_options=options) as conn:
+        sq = conn.SimpleQueue(name)
+        for i in range(3):
+            sq.put({"i": i}, priority=3 * i)
+        sq.close()
+    host, port = group.sentinel_addresses[0]
+    broker = Broker(f"belayq+sentinel://{host}:{port}/0", broker_options=options)
+    assert asyncio.run(broker.queues([name])) == [{"name": name, "messages": 3}]
+
+
 @pytest.fixture
 def sentinel_env(group: RedisSentinelServers, redis_server: Any) -> dict[str, str]:
     name = f"ks-{uuid.uuid4().hex[:8]}"

@@ -91,6 +91,15 @@ def of_connection(conninfo: Any) -> Topology:
     return dataclasses.replace(first, nodes=nodes)
 
 
+def parse_url(url: str) -> Topology:
+    """The topology of one ``belayq+cluster://`` or ``belayq+sentinel://`` URL.
+
+    Raises:
+        ValueError: As :func:`of_connection`.
+    """
+    return _parse(url)
+
+
 def _has_inner(url: str) -> bool:
     scheme, sep, _ = url.partition("://")
     return bool(sep) and "+" in scheme
