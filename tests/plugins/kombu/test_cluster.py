@@ -210,8 +210,9 @@ def test_flower_counts_the_queues_of_a_cluster(
     pytest.importorskip("flower")
     import asyncio
 
-    import belayq_kombu.flower  # noqa: F401  (teaches Flower the belayq schemes)
     from flower.utils.broker import Broker
+
+    import belayq_kombu.flower  # noqa: F401  (teaches Flower the belayq schemes)
 
     names = names_on_distinct_nodes(cclient)
     with kombu.Connection(cluster_url(cluster_servers)) as conn:

@@ -61,8 +61,9 @@ def test_flower_counts_the_queues_on_the_named_primary(group: RedisSentinelServe
     pytest.importorskip("flower")
     import asyncio
 
-    import belayq_kombu.flower  # noqa: F401  (teaches Flower the belayq schemes)
     from flower.utils.broker import Broker
+
+    import belayq_kombu.flower  # noqa: F401  (teaches Flower the belayq schemes)
 
     name = f"ks-{uuid.uuid4().hex[:8]}"
     options = {"master_name": group.service_name}
