@@ -127,3 +127,34 @@ def test_a_killed_master_loses_nothing_and_the_worker_carries_on(
     assert failover_worker.text().count(" ready.") == 1
     assert "ReadOnlyError" not in failover_worker.text()
     assert stall < 20, stall  # generous: a shared 2-core box
+
+
+def test_a_consumer_follows_its_slot_through_a_manual_failover(
+    failover_cluster: RedisClusterServers,  # noqa: F811
+) -> None:
+    # CLUSTER FAILOVER keeps the old master alive as a replica: the blocking claim waiting
+    # on it is answered with an error (UNBLOCKED, then MOVED), not a closed socket. The
+    # consumer must move to the new master, not resend its claim to the old one forever.
+    import kombu
+
+    from .test_cluster import with_timeout
+
+    name = f"kf-{uuid.uuid4().hex[:8]}"
+    q = kombu.Queue(name, routing_key=name)
+    got: list[Any] = []
+    url = cluster_url(failover_cluster)
+    with kombu.Connection(url) as conn, kombu.Connection(url) as pconn:
+        consumer = kombu.Consumer(conn, [q], callbacks=[lambda b, m: (got.append(b), m.ack())])
+        consumer.consume()
+        producer = pconn.Producer()
+        producer.publish({"i": 0}, exchange=q.exchange, routing_key=name, declare=[q])
+        wait_for(lambda: with_timeout(conn) or got, 10, "the first message")
+        master = failover_cluster.master_of_key(str(kombu_layout(name, cluster=True)["ready_key"]))
+        cpu = time.process_time()
+        failover_cluster.manual_failover(failover_cluster.replica_of(master))
+        with_timeout(conn)  # the claim on the old master is answered now
+        producer.publish({"i": 1}, exchange=q.exchange, routing_key=name)
+        wait_for(lambda: with_timeout(conn) or len(got) == 2, 15, "the message sent after")
+        cpu = time.process_time() - cpu
+    assert got == [{"i": 0}, {"i": 1}]
+    assert cpu < 3, f"{cpu:.1f} s of CPU: the claim looped on the old master"

@@ -85,6 +85,8 @@ class Channel(stock.Channel):  # type: ignore[misc]
     brpop_timeout: float = options.POLL_TIMEOUT_S
     _in_listen: Any = False
     # A demoted primary's READONLY is a reason to reconnect, not a fatal error (celery#7946).
+    #: A blocking claim answered with a redirect follows its slot to another node.
+    follows_slots = False
     connection_class: Any = topology.FailoverConnection
     connection_class_ssl: Any = topology.FailoverSSLConnection
 

@@ -74,8 +74,7 @@ class KombuCluster(RedisCluster):
 class ClusterChannel(Channel):
     """A belayq channel whose Redis is a cluster."""
 
-    connection_class = topology.FailoverConnection
-    connection_class_ssl = topology.FailoverSSLConnection
+    follows_slots = True
     topology: Topology
 
     def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
