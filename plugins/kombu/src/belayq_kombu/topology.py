@@ -111,7 +111,7 @@ def _parse(url: str) -> Topology:
         raise ValueError(f"not a broker URL: {url!r}; use one of {FORMS}")
     inner = scheme.rpartition("+")[2].lower()
     if inner not in INNER_SCHEMES:
-        raise ValueError(f"belayq cannot reach Redis through {scheme}://: use one of {FORMS}")
+        raise ValueError(f"belayq+{inner}:// is not a belayq URL form; use one of {FORMS}")
     kind, tls = INNER_SCHEMES[inner]
     parts = urlsplit(f"{inner}://{rest}")
     if not parts.hostname:
