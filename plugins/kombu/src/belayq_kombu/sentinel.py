@@ -13,13 +13,25 @@ with no restart.
 
 from __future__ import annotations
 
+import socket
+import time
 from typing import Any
 
 import redis
-from redis.sentinel import Sentinel, SentinelManagedConnection, SentinelManagedSSLConnection
+from redis.sentinel import (
+    MasterNotFoundError,
+    Sentinel,
+    SentinelManagedConnection,
+    SentinelManagedSSLConnection,
+)
 
 from .channel import Channel
 from .topology import Topology, server_params
+
+#: How long a new channel waits for the sentinels to name a primary that accepts
+#: connections (s): a reconnect during a failover then lands as soon as one is elected,
+#: not at Celery's next retry (2 s, then 4 s ... later).
+PRIMARY_WAIT_S = 10.0
 
 
 class SentinelChannel(Channel):
@@ -58,9 +70,28 @@ class SentinelChannel(Channel):
         params = self._server_params(asynchronous)
         prefix: str = getattr(self, "keyprefix_fanout")  # noqa: B009 (typed by kombu as Any)
         self.keyprefix_fanout = prefix.format(db=params["db"])
-        master = self._sentinel(params).master_for(  # type: ignore[no-untyped-call]
-            self.master_name, redis.Redis)
+        sentinel = self._sentinel(params)
+        if asynchronous:  # the channel's first connection (its ping) comes from this pool
+            self._await_primary(sentinel)
+        master = sentinel.master_for(self.master_name, redis.Redis)  # type: ignore[no-untyped-call]
         return master.connection_pool
+
+    def _await_primary(self, sentinel: Sentinel) -> None:
+        """Poll the sentinels (for up to :data:`PRIMARY_WAIT_S`) until the primary they name
+        accepts connections; return at once when no sentinel answers at all. What still
+        fails afterwards fails in the channel's own connect, with its own error."""
+        deadline = time.monotonic() + PRIMARY_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                address = sentinel.discover_master(self.master_name)  # type: ignore[no-untyped-call]
+                with socket.create_connection(address, timeout=0.5):
+                    return
+            except MasterNotFoundError:
+                if not _answers(sentinel):
+                    return
+            except OSError:
+                pass  # the named primary is gone: the sentinels have not noticed yet
+            time.sleep(0.1)
 
     def new_core_client(self) -> Any:
         params = self._server_params(asynchronous=False)
@@ -74,3 +105,14 @@ class SentinelChannel(Channel):
         for sentinel in sentinels:
             for client in sentinel.sentinels:
                 client.close()
+
+
+def _answers(sentinel: Sentinel) -> bool:
+    """Whether any of the sentinels answers a PING."""
+    for client in sentinel.sentinels:
+        try:
+            if client.ping():
+                return True
+        except redis.RedisError:
+            continue
+    return False
