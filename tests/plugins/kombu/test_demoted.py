@@ -118,3 +118,7 @@ def test_a_worker_whose_primary_is_demoted_reconnects_and_carries_on(
     assert demoted_worker.text().count(" ready.") == 1
     assert "Unrecoverable error" not in demoted_worker.text()
     assert "Connection to broker lost" in demoted_worker.text()
+    # Reconnects to the replica are refused with a clear reason and Celery's backoff,
+    # not accepted and dropped at the first write, over and over.
+    assert "serves a replica now (a failover demoted it?)" in demoted_worker.text()
+    assert "Frequent restarts detected" not in demoted_worker.text()

@@ -87,11 +87,21 @@ class Channel(stock.Channel):  # type: ignore[misc]
     # A demoted primary's READONLY is a reason to reconnect, not a fatal error (celery#7946).
     #: A blocking claim answered with a redirect follows its slot to another node.
     follows_slots = False
+    #: A connection to a server that serves a replica is refused (topology.refuse_a_replica).
+    refuses_replicas = True
     connection_class: Any = topology.FailoverConnection
     connection_class_ssl: Any = topology.FailoverSSLConnection
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.refuses_replicas:
+            try:
+                info = self.connection.client
+                topology.refuse_a_replica(self.client, f"{info.hostname}:{info.port}")
+            except Exception:
+                self.connection.cycle.discard(self)
+                self._disconnect_pools()
+                raise
         self.brpop_timeout = self.connection.brpop_timeout
         steps = list(self.priority_steps)
         if not steps or steps[0] != 0:

@@ -75,6 +75,7 @@ class ClusterChannel(Channel):
     """A belayq channel whose Redis is a cluster."""
 
     follows_slots = True
+    refuses_replicas = False  # the cluster client routes to primaries
     topology: Topology
 
     def __init__(self, connection: Any, *args: Any, **kwargs: Any) -> None:
@@ -93,6 +94,8 @@ class ClusterChannel(Channel):
         params = topology.server_params(self._connparams(asynchronous=asynchronous),
                                         self.topology)
         params.pop("max_connections", None)
+        if params.get("retry_on_timeout") is None:  # redis-py 6+ warns that it is deprecated
+            params.pop("retry_on_timeout", None)
         return params
 
     def new_cluster(self, *, asynchronous: bool = False,

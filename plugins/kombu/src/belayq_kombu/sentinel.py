@@ -42,6 +42,7 @@ class SentinelChannel(Channel):
     from_transport_options = (*Channel.from_transport_options, "master_name",
                               "min_other_sentinels", "sentinel_kwargs")
     master_name: str | None = None
+    refuses_replicas = False  # the connections ask the sentinels for the primary
     min_other_sentinels = 0
     sentinel_kwargs: dict[str, Any] | None = None
     topology: Topology

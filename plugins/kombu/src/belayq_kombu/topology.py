@@ -166,6 +166,25 @@ class FailoverSSLConnection(_FollowsFailover, redis.SSLConnection):
     """A TLS connection that reconnects when its server was demoted."""
 
 
+def refuse_a_replica(client: Any, where: str) -> None:
+    """Raise a connection error when ``client``'s server serves a replica (its primary was
+    demoted: a DNS failover not done yet). Celery retries that with its backoff, instead of
+    opening a channel whose first write reconnects at once, over and over.
+
+    Raises:
+        redis.ConnectionError: The server is a replica.
+    """
+    try:
+        role = client.role()
+    except redis.ResponseError:  # ROLE not allowed for this user: the writes will tell
+        return
+    kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+    if kind in ("slave", "replica"):
+        raise redis.ConnectionError(
+            f"{where} serves a replica now (a failover demoted it?); waiting for it to serve "
+            "a primary")
+
+
 def cluster_errors() -> tuple[type[BaseException], ...]:
     """The cluster's errors that mean "try again once the cluster has settled" (a failover
     under way), which kombu must treat as connection errors, not as fatal ones."""
