@@ -197,6 +197,18 @@ def let_results_go(results: list[Any]) -> None:
     gc.collect()
 
 
+def pong(env: dict[str, str], node: str, tries: int = 3) -> bool:
+    """Whether ``node`` answers ``celery inspect ping`` within ``tries`` attempts: remote
+    control is pub/sub, best effort, and a loaded box may miss a reply's window."""
+    for _ in range(tries):
+        out = subprocess.run([*CELERY, "-A", "worker_app", "inspect", "ping", "-d", node,
+                              "-t", "10"], env=env, cwd=HERE, capture_output=True, text=True,
+                             timeout=60)
+        if "pong" in out.stdout:
+            return True
+    return False
+
+
 def control(env: dict[str, str], *args: str) -> str:
     out = subprocess.run([*CELERY, "-A", "worker_app", *args], env=env, cwd=HERE,
                          capture_output=True, text=True, timeout=60)

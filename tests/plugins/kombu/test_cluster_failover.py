@@ -9,6 +9,7 @@ import collections
 import itertools
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,7 @@ from tests.support import wait_for
 
 from .conftest import HERE, Worker
 from .test_celery_worker import app
-from .test_cluster import cluster_url
+from .test_cluster import cluster_url, pong
 
 
 @pytest.fixture
@@ -123,6 +124,8 @@ def test_a_killed_master_loses_nothing_and_the_worker_carries_on(
           f"tasks, 0 lost, {len(twice)} ran twice ({len(in_flight)} were in flight at the kill)")
     assert set(events("done")) == set(range(total))  # nothing lost
     assert twice <= in_flight, (twice, in_flight)  # duplicates: only what was in flight
+    node = failover_worker.name.replace("%h", socket.gethostname())
+    assert pong(env, node)  # remote control (pidbox) after the failover
     assert failover_worker.proc.poll() is None  # the same process, never restarted
     assert failover_worker.text().count(" ready.") == 1
     assert "ReadOnlyError" not in failover_worker.text()

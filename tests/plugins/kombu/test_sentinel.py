@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +26,7 @@ from tests.support import wait_for
 
 from .conftest import HERE, Worker
 from .test_celery_worker import app
+from .test_cluster import pong
 from .test_cluster_failover import longest_stall
 
 
@@ -151,6 +153,8 @@ def test_a_celery_worker_through_a_sentinel_failover(
           f"{promoted:.1f} s after the kill; longest time without a task starting: "
           f"{stall:.1f} s; {len(total)} tasks, {len(lost)} lost, {len(twice)} ran twice "
           f"({len(in_flight)} were in flight at the kill)")
+    node = worker.name.replace("%h", socket.gethostname())
+    assert pong(env, node)  # remote control (pidbox) after the failover
     assert worker.proc.poll() is None  # the same process, never restarted
     assert worker.text().count(" ready.") == 1
     assert "ReadOnlyError" not in worker.text()
