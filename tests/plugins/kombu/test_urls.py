@@ -65,6 +65,12 @@ def test_a_cluster_url_for_a_server_not_in_cluster_mode(redis_server: Any) -> No
         kombu.Connection(url).connect()
 
 
+def test_a_single_server_url_for_a_cluster_node(cluster_servers: Any) -> None:
+    host, port = cluster_servers.startup_nodes[0]
+    with pytest.raises(ValueError, match="is a Redis Cluster node: use a belayq"):
+        kombu.Connection(f"belayq://{host}:{port}/0").connect()
+
+
 def test_global_keyprefix_is_refused_on_a_cluster(cluster_servers: Any) -> None:
     host, port = cluster_servers.startup_nodes[0]
     conn = kombu.Connection(f"belayq+cluster://{host}:{port}",

@@ -169,15 +169,24 @@ class FailoverSSLConnection(_FollowsFailover, redis.SSLConnection):
 def refuse_a_replica(client: Any, where: str) -> None:
     """Raise a connection error when ``client``'s server serves a replica (its primary was
     demoted: a DNS failover not done yet). Celery retries that with its backoff, instead of
-    opening a channel whose first write reconnects at once, over and over.
+    opening a channel whose first write reconnects at once, over and over. A cluster node
+    behind a ``belayq://`` URL is refused too (its keys would answer MOVED).
 
     Raises:
         redis.ConnectionError: The server is a replica.
+        ValueError: The server is a Redis Cluster node.
     """
     try:
         role = client.role()
     except redis.ResponseError:  # ROLE not allowed for this user: the writes will tell
         return
+    try:
+        cluster = client.info("cluster")
+    except redis.ResponseError:
+        cluster = {}
+    if str(cluster.get("cluster_enabled", "0")) == "1":
+        raise ValueError(f"{where} is a Redis Cluster node: use a belayq+cluster://{where} URL "
+                         "(one per node, ';' between them)")
     kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
     if kind in ("slave", "replica"):
         raise redis.ConnectionError(
