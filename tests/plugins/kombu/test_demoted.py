@@ -108,7 +108,8 @@ def test_a_worker_whose_primary_is_demoted_reconnects_and_carries_on(
              "the worker to meet the READONLY reply")
     demoted_at = time.time()
     wait_for(lambda: in_sync(b), 20, "the demoted node to sync")
-    time.sleep(1)
+    wait_for(lambda: "serves a replica now" in demoted_worker.text(), 20,
+             "a reconnect to be refused")
     swap(a, b)  # the address serves the primary again (what a DNS failover ends with)
     wait_for(lambda: set(done()) == set(range(30)), 40,
              lambda: f"every task; missing {sorted(set(range(30)) - set(done()))}", step=0.2)
