@@ -72,6 +72,7 @@ def demoted_env(pair: tuple[RedisServer, RedisServer], redis_server: Any) -> dic
         BQ_BACKEND=f"redis://127.0.0.1:{redis_server.port}/1",
         BQ_QUEUE=name,
         BQ_RECORDS=f"records:{name}",
+        BQ_LEASE="5",
     )
 
 
