@@ -185,6 +185,13 @@ def test_a_celery_worker_on_a_cluster(
     active = control(env, "inspect", "active_queues", "-d", node, "-t", "10")
     assert all(n in active for n in names), active
     assert "belayq+cluster://" in cluster_worker.text()
+    # A revoke is remembered in Redis for the delayed tasks it names (one key: any node).
+    from belayq.revocations import Revocations
+
+    later_id = mod.add.apply_async((1, 1), queue=names[0], countdown=600).id
+    control(env, "control", "revoke", later_id)
+    remembered = Revocations(cclient, prefix="belayq", keep_ms=60_000, max_ids=100)
+    wait_for(lambda: remembered.revoked([later_id]), 10, "the revoke in Redis")
     stats = [core_stats(cclient, n) for n in names]
     assert all(s["in_flight"] == 0 and s["ready"] == 0 for s in stats), stats
     assert sum(s["acked"] for s in stats) >= 14, stats
