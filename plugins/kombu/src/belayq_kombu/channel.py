@@ -27,7 +27,7 @@ from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
 
-from . import celery_state, eta, options
+from . import celery_state, eta, options, topology
 from .consume import Consume, Waiter
 from .qos import QoS
 from .tags import Tags, tag_of
@@ -79,12 +79,29 @@ class Channel(stock.Channel):  # type: ignore[misc]
     native_delayed_delivery = options.BELAYQ_OPTIONS["native_delayed_delivery"][0]
     revokes_keep = options.BELAYQ_OPTIONS["revokes_keep"][0]
     revokes_max = options.BELAYQ_OPTIONS["revokes_max"][0]
+    wait_replicas = options.BELAYQ_OPTIONS["wait_replicas"][0]
+    wait_timeout = options.BELAYQ_OPTIONS["wait_timeout"][0]
     supports_batch_publish = False
     brpop_timeout: float = options.POLL_TIMEOUT_S
     _in_listen: Any = False
+    # A demoted primary's READONLY is a reason to reconnect, not a fatal error (celery#7946).
+    #: A blocking claim answered with a redirect follows its slot to another node.
+    follows_slots = False
+    #: A connection to a server that serves a replica is refused (topology.refuse_a_replica).
+    refuses_replicas = True
+    connection_class: Any = topology.FailoverConnection
+    connection_class_ssl: Any = topology.FailoverSSLConnection
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if self.refuses_replicas:
+            try:
+                info = self.connection.client
+                topology.refuse_a_replica(self.client, f"{info.hostname}:{info.port}")
+            except Exception:
+                self.connection.cycle.discard(self)
+                self._disconnect_pools()
+                raise
         self.brpop_timeout = self.connection.brpop_timeout
         steps = list(self.priority_steps)
         if not steps or steps[0] != 0:
@@ -120,19 +137,56 @@ class Channel(stock.Channel):  # type: ignore[misc]
         client: redis.Redis = self.connection.core_client(self)
         return client
 
+    def new_core_client(self) -> Any:
+        """A client for the core's scripts (its own pool; thread-safe)."""
+        params = self._connparams(asynchronous=False)
+        params.setdefault("timeout", 20)
+        pool = redis.BlockingConnectionPool(**params)  # type: ignore[no-untyped-call]
+        return redis.Redis(connection_pool=pool)
+
+    def claim_pool(self, rq: ReliableQueue) -> Any:
+        """The pool the blocking claim of ``rq`` takes its connection from (its connections
+        tell the poller when they close)."""
+        return self.async_pool
+
+    def claim_unblock(self) -> Any:
+        """What cancels a pending blocking claim (CLIENT UNBLOCK on another connection)."""
+        return self._unblock
+
     def queue(self, name: str) -> ReliableQueue:
-        """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists)."""
+        """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists),
+        for consuming and settling: its writes do not wait for replicas (see
+        :meth:`publisher`)."""
         rq = self.connection.queues.get(name)
         if rq is None:
-            names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
-            rq = ReliableQueue(
-                self.core_client, name, ready_key=names[0], level_keys=names[1:],
-                **self._core_options,
-            )
+            rq = self._new_queue_object(name, wait_replicas=0)
             self.connection.forget_idle_queues()
             self.connection.queues[name] = rq
         assert isinstance(rq, ReliableQueue)
         return rq
+
+    def publisher(self, name: str) -> ReliableQueue:
+        """The belayq queue ``name`` for publishing: with ``wait_replicas``, a publish returns
+        once that many replicas have the message (else ``DurabilityError``). Only publishes
+        wait: a failover that loses an unreplicated ack or requeue brings a message back
+        (at-least-once), while one that loses a publish would lose the message; and a worker
+        must not stop on a settle whose replicas are late."""
+        if not self.wait_replicas:
+            return self.queue(name)
+        rq = self.connection.publishers.get(name)
+        if rq is None:
+            rq = self._new_queue_object(name, wait_replicas=int(self.wait_replicas),
+                                        keeper=False)
+            if len(self.connection.publishers) >= self.connection.max_cached_queues:
+                self.connection.publishers.clear()
+            self.connection.publishers[name] = rq
+        assert isinstance(rq, ReliableQueue)
+        return rq
+
+    def _new_queue_object(self, name: str, **options: Any) -> ReliableQueue:
+        names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
+        return ReliableQueue(self.core_client, name, ready_key=names[0], level_keys=names[1:],
+                             **{**self._core_options, **options})
 
     # -- publish -----------------------------------------------------------------------
 
@@ -143,7 +197,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         priority = min(self._get_message_priority(message, reverse=False),
                        self.priority_steps[-1])  # above the last step: the last, as kombu
         wait = eta.wait_ms(message, time() * 1000) if self.native_delayed_delivery else 0
-        self.queue(queue).publish(dumps(message), priority=priority, delay_ms=wait)
+        self.publisher(queue).publish(dumps(message), priority=priority, delay_ms=wait)
         if queue in getattr(self, "_expires", ()):  # kombu >= 5.4: queues with x-expires
             with self.conn_or_acquire() as client:
                 self._maybe_update_queues_expire(client, queue)
@@ -196,7 +250,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         if waiter.ready:
             ready, waiter.ready = waiter.ready, []
             waiter.rq.release(ready)
-        entry = waiter.close(self._unblock)
+        entry = waiter.close(self.claim_unblock())
         if entry is not None:
             deliveries, _ = waiter.rq.lease_claimed(entry, 1)
             waiter.rq.release(deliveries)

@@ -23,6 +23,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from belayq.blocking import BlockingClaim
 
 from . import celery_state, options
@@ -52,13 +54,16 @@ class Waiter:
         self.channel = channel
         self.queue = queue
         self.rq = rq
-        self.claim = BlockingClaim(rq, pool=channel.async_pool)
+        self.claim = BlockingClaim(rq, pool=channel.claim_pool(rq))
         #: The last claim took all it could: more is probably waiting, so claim without
         #: blocking (one script instead of a blocking claim plus a lease script).
         self.hot = False
         #: Claimed in the round trip that sent the last acks (drain_events only), delivered
         #: by the next poll: at prefetch 1 a message costs one round trip, not two.
         self.ready: list[Delivery] = []
+        #: The last blocking claim was answered with an error (on a cluster: MOVED, or
+        #: UNBLOCKED by a failover that demoted its node), not a timeout.
+        self.redirected = False
 
     @property
     def conn(self) -> Any:
@@ -76,8 +81,32 @@ class Waiter:
         self.claim.send(timeout)
 
     def read(self) -> bytes | None:
-        """The blocking claim's reply (an entry, or None on timeout)."""
-        return self.claim.read()
+        """The blocking claim's reply (an entry, or None on timeout or error reply)."""
+        claim = self.claim
+        try:
+            reply = claim.conn.read_response()
+        except redis.ResponseError:  # MOVED, ASK, UNBLOCKED: see follow_slot
+            reply = None
+            self.redirected = True
+        except Exception:
+            claim.conn.disconnect()
+            raise
+        finally:
+            claim.sent_at = None
+        return None if reply is None else bytes(reply)
+
+    def follow_slot(self) -> None:
+        """After a redirect on a cluster (a failover or a resharding moved the queue's
+        slot), wait on the node that serves the slot now. The caller first runs a claim
+        through the cluster client, which learns the new owner from the MOVED it gets."""
+        self.redirected = False
+        pool = self.channel.claim_pool(self.rq)
+        if pool is self.claim.pool:
+            return
+        old, self.claim = self.claim, BlockingClaim(self.rq, pool=pool)
+        if old.conn is not None:
+            old.conn.disconnect()  # the poller forgets its socket
+        old.close()
 
     def lost(self) -> None:
         """Its connection was closed under it: no reply will come."""
@@ -148,6 +177,11 @@ class Consume:
     def on_reply(self, waiter: Waiter) -> bool:
         """Read a blocking claim's reply and deliver what the lease script claimed."""
         entry = waiter.read()
+        if entry is None and waiter.redirected and self.channel.follows_slots:
+            waiter.hot = False
+            delivered = self.claim_now(waiter)  # through the cluster client: learns the owner
+            waiter.follow_slot()
+            return delivered
         if entry is None:
             waiter.hot = False
             if waiter.claim.look_now(entry):
