@@ -60,6 +60,10 @@ class BlockingClaim:
         self.queue = queue
         self.client: Any = node_client(queue)
         self.pool: Any = pool if pool is not None else self.client.connection_pool
+        # With the node's own pool, each new connection goes to the node that serves the
+        # slot then (a failover or a resharding moves it).
+        self._follow_slot = pool is None
+        self._redirected = False
         self.conn: Any = None
         self.client_id: int | None = None
         #: When the outstanding BLMOVE was sent (monotonic s); None when none is.
@@ -76,7 +80,13 @@ class BlockingClaim:
     def connect(self) -> socket.socket:
         """The connection's socket, connecting first if needed. The connection's
         ``CLIENT ID`` (None when the server refuses it) is learned once per socket."""
+        if self._redirected and self._follow_slot:
+            self.close()
+        self._redirected = False
         if self.conn is None:
+            if self._follow_slot:
+                self.client = node_client(self.queue)
+                self.pool = self.client.connection_pool
             self.conn = pool_connection(self.pool)
         if self.conn._sock is None:
             self.sent_at = None
@@ -129,8 +139,9 @@ class BlockingClaim:
         next non-blocking claim re-routes). A connection error closes the connection."""
         try:
             reply = self.conn.read_response()
-        except redis.ResponseError:  # MOVED/ASK
+        except redis.ResponseError:  # MOVED/ASK, UNBLOCKED (its master became a replica)
             reply = None
+            self._redirected = True  # the next send connects to the slot's owner then
         except Exception:
             self.conn.disconnect()
             raise

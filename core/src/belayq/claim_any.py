@@ -45,7 +45,7 @@ import redis
 
 from . import client_info
 from .blocking import BlockingClaim
-from .constants import CLAIM_ANY_ROUND_MAX_S
+from .constants import CLAIM_ANY_ROUND_MAX_S, CLUSTER_RETRY_FIRST_PAUSE_S
 from .errors import ConfigError, ConnectionLost
 from .models import Delivery
 from .queue import ReliableQueue
@@ -101,7 +101,7 @@ def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -
         if due_ms >= 0:  # a delayed message falls due: try again then
             wait = min(wait, max(due_ms, 1) / 1000)
         if mode == "select":
-            entries = _wait_select(queues, wait)
+            entries = _wait_select_through_failover(queues, wait)
         elif mode == "slices":
             entries = _wait_first(queues[0], min(wait, FALLBACK_SLICE_S))
         else:
@@ -179,6 +179,22 @@ def _wait_mode(queues: Sequence[ReliableQueue]) -> str:
 def _wait_first(q: ReliableQueue, wait: float) -> list[tuple[int, bytes]]:
     entry = q.client.execute_command(*q.blmove_command(wait))
     return [] if entry is None else [(0, bytes(entry))]
+
+
+def _wait_select_through_failover(
+    queues: list[ReliableQueue], wait: float
+) -> list[tuple[int, bytes]]:
+    """:func:`_wait_select`; on a cluster, a node lost mid-wait (its master killed or
+    failing over) ends the round empty: the next round's non-blocking claims wait for the
+    slot's new owner (``cluster_retry_ms``) and the BLMOVEs after them go there. An entry a
+    lost BLMOVE had taken waits in its landing zone for the sweep."""
+    try:
+        return _wait_select(queues, wait)
+    except (redis.ConnectionError, redis.TimeoutError):
+        if not any(client_info.is_cluster(q.client) for q in queues):
+            raise
+        time.sleep(CLUSTER_RETRY_FIRST_PAUSE_S)
+        return []
 
 
 def _wait_select(queues: list[ReliableQueue], wait: float) -> list[tuple[int, bytes]]:

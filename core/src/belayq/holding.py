@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from .config import QueueConfig
-from .errors import ConnectionLost
+from .errors import ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
@@ -118,6 +118,8 @@ class HeldClaims:
         self._forget(deliveries)
         try:
             yield
+        except DurabilityError:
+            raise  # the settle ran on the primary: nothing of it is held any more
         except BaseException:
             with self._lock:
                 for d in deliveries:
@@ -205,7 +207,14 @@ class HeldClaims:
         held = self.held
         if held:
             # A claim settled while this runs is refused here without counting as stale.
-            for d, ok in zip(held, self._extend(held, count_stale=False), strict=True):
+            try:
+                extended = self._extend(held, count_stale=False)
+            except DurabilityError as exc:
+                # The leases were extended on the primary (no replica confirmed it, e.g.
+                # a promoted master that has none yet): the sweep must still run.
+                log.warning("lease heartbeat of %s: %s", self.name, exc)
+                extended = [True] * len(held)
+            for d, ok in zip(held, extended, strict=True):
                 if not ok and self._still_held(d):
                     log.warning(
                         "lease of %s on %s was lost; it will be redelivered", d.id, self.name

@@ -10,11 +10,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis
+
 from . import client_info
 from .admin import QueueAdmin
 from .config import QueueConfig
 from .config import check_count as _check_count
-from .constants import CLAIM_NONCE_BYTES, SWEEP_BATCH, WAIT_FOREVER_ROUND_S
+from .constants import (
+    CLAIM_NONCE_BYTES,
+    CLUSTER_RETRY_FIRST_PAUSE_S,
+    SWEEP_BATCH,
+    WAIT_FOREVER_ROUND_S,
+)
 from .errors import ConfigError, RedisTooOld, SchemaMismatch
 from .errors import redis_errors as _redis_errors
 from .events import EventStream
@@ -29,6 +36,15 @@ from .settling import Settling
 log = logging.getLogger("belayq")
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
 _CHECKED = "_belayq_checked_versions"
+# Error replies a blocked BLMOVE gets when its node stops serving the slot.
+_FAILOVER_REPLIES = ("UNBLOCKED", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY")
+
+
+def _failover_reply(exc: Exception) -> bool:
+    e = redis.exceptions
+    if isinstance(exc, (e.AskError, e.TryAgainError, e.ClusterError)):
+        return True
+    return str(exc).split(" ", 1)[0].upper() in _FAILOVER_REPLIES
 
 
 class ReliableQueue(Publishing, Settling, QueueAdmin):
@@ -166,12 +182,33 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
             wait = min(remaining, self._block_cap_s)
             if due_ms >= 0:
                 wait = min(wait, max(due_ms, 1) / 1000)
-            entry = self.client.execute_command(*self.blmove_command(wait))
+            entry = self._blmove(wait)
             if entry is None:
                 got, due_ms = self.try_claim(count)
             else:
                 got, due_ms = self.lease_claimed(entry, count)
         return got
+
+    def _blmove(self, wait: float) -> Any:
+        """The blocking half of :meth:`claim`: an entry, or None when the wait ended empty.
+
+        On a cluster, a BLMOVE blocked on a master that fails over is answered with an
+        error (``UNBLOCKED`` after ``CLUSTER FAILOVER``, a dropped connection after a kill)
+        or redirected by redis-py (MOVED). That ends the wait as if nothing came: the
+        non-blocking claim that follows waits for the slot's new owner (see
+        ``cluster_retry_ms``), refreshes the slot map, and the next BLMOVE goes there. The
+        BLMOVE moved nothing, or its entry waits in the landing zone for the sweep.
+        """
+        try:
+            return self.client.execute_command(*self.blmove_command(wait))
+        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+            if not self._scripts.cluster or (
+                isinstance(exc, redis.ResponseError) and not _failover_reply(exc)
+            ):
+                raise
+            log.info("blocking claim on %s ended by a cluster change: %s", self.name, exc)
+            time.sleep(CLUSTER_RETRY_FIRST_PAUSE_S)  # never a busy loop on a dead node
+            return None
 
     def try_claim(self, count: int = 1) -> tuple[list[Delivery], int]:
         """Claim up to ``count`` waiting messages without blocking (one script).

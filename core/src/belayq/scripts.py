@@ -34,6 +34,17 @@ _REDIRECTS: tuple[type[Exception], ...] = tuple(
     if hasattr(redis.exceptions, n)
 )
 
+#: What a cluster client meets while a master fails over: its node refuses connections
+#: (killed) or stops answering, until a replica takes its slots over. redis-py retries a
+#: few times within a second; a failover takes ``cluster-node-timeout`` and more. A call
+#: that may have run is safe to send again: publishes and claims answer a re-sent request
+#: id from their reply memo, settles are fenced by the claim's token.
+_FAILING_OVER: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.RedisClusterException,  # SlotNotCoveredError, "cannot be connected"
+)
+
 
 def _lost_scripts(reply: Any) -> bool:
     """Whether a reply says the server has lost belayq's scripts or library (restart,
@@ -41,6 +52,18 @@ def _lost_scripts(reply: Any) -> bool:
     return isinstance(reply, NoScriptError) or (
         isinstance(reply, redis.ResponseError) and str(reply).startswith("Function not found")
     )
+
+
+def refresh_slots(client: Any) -> None:
+    """Ask a cluster client to learn the slot map again (after a failover or a slot move);
+    a node that does not answer yet is left for the next try."""
+    manager = getattr(client, "nodes_manager", None)
+    if manager is None:
+        return
+    try:
+        manager.initialize()
+    except (*_REDIRECTS, *_FAILING_OVER):
+        pass
 
 
 class ScriptRunner:
@@ -165,12 +188,13 @@ class ScriptRunner:
 
         Loads the library or scripts and runs again when the server lost them; retries
         for up to ``cluster_retry_ms`` while a cluster slot migrates (TRYAGAIN, ASK,
-        MOVED). With ``durable`` and ``wait_replicas`` set, waits for the replicas in the
-        same round trip.
+        MOVED) or its master fails over (connection errors, CLUSTERDOWN), refreshing the
+        slot map between tries. With ``durable`` and ``wait_replicas`` set, waits for the
+        replicas in the same round trip.
 
         Raises:
             DurabilityError: Fewer replicas confirmed the write than asked.
-            ConnectionLost: A slot migration outlasted ``cluster_retry_ms``.
+            ConnectionLost: A slot migration or failover outlasted ``cluster_retry_ms``.
         """
         durable = durable and self.wait_command is not None
         return self._retrying(lambda: self._run_once(name, args, request_id, durable))
@@ -257,17 +281,16 @@ class ScriptRunner:
         while True:
             try:
                 return call()
-            except _REDIRECTS as exc:
+            except (*_REDIRECTS, *_FAILING_OVER) as exc:
                 if time.monotonic() >= deadline:
                     raise ConnectionLost(
-                        f"the cluster kept redirecting this queue's slot for "
-                        f"{self.config.cluster_retry_ms} ms (a slot migration that does not "
-                        f"finish?): {exc}"
+                        f"this queue's cluster slot stayed redirected or unreachable for "
+                        f"{self.config.cluster_retry_ms} ms (a slot migration or a failover "
+                        f"that does not finish?): {exc}"
                     ) from exc
                 time.sleep(pause)
                 pause = min(pause * 2, CLUSTER_RETRY_MAX_PAUSE_S)
-                if hasattr(self.client, "nodes_manager"):
-                    self.client.nodes_manager.initialize()
+                refresh_slots(self.client)
 
     def run_many(self, *calls: tuple[str, list[Arg], str]) -> list[Any]:
         """Run several scripts in one round trip (a pipeline, not a transaction): each call
