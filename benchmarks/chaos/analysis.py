@@ -23,10 +23,16 @@ from .ledger import Execution
 ACK_GRACE_S = 2.0
 HOLD_GRACE_S = 2.0
 FREEZE_BACKLOG_S = 10.0
+# A failover to an async replica can lose what the primary had acknowledged but not yet
+# streamed to it (replication on one machine lags by milliseconds; under load, more). A
+# lost task published at most this long before a failover's kill (or while it lasted) is
+# counted as lost "in a failover's window" apart from the other losses.
+FAILOVER_LOSS_WINDOW_S = 1.0
 
 
 # When several faults hit a duplicated task, it is counted under the first of these.
-EXPLAINS = ("kill-main", "kill-many", "kill-child", "freeze", "redis-restart", "client-kill")
+EXPLAINS = ("kill-main", "kill-many", "kill-child", "freeze", "redis-restart", "failover",
+            "client-kill")  # fmt: skip
 
 
 @dataclass
@@ -121,6 +127,12 @@ def analyse(
             else:
                 unrecovered.append({"fault": f.kind, "t": f.t, "task": task_id})
 
+    failovers = [f for f in faults if f.kind == "failover"]
+    lost_failover = [
+        t for t in lost if t in pub and any(
+            f.t - FAILOVER_LOSS_WINDOW_S <= pub[t].t <= f.t_end for f in failovers
+        )
+    ]  # fmt: skip
     faults_by_kind = Counter(f.kind for f in faults)
     unverified = [f.kind for f in faults if not f.verified]
     starts = Counter(e.task_id for e in executions)
@@ -132,6 +144,8 @@ def analyse(
         "lost": len(lost),
         "lost_ids": lost[:200],
         "lost_never_started": sum(1 for t in lost if t not in by_task),
+        "lost_at_failover": len(lost_failover),
+        "lost_at_failover_ids": lost_failover[:200],
         "lost_where": {name: len(set(ids) & set(lost)) for name, ids in (waiting or {}).items()},
         "duplicated": len(dups),
         "dup_at_fault": sum(dup_at_fault.values()),
@@ -156,4 +170,5 @@ def analyse(
         "ack_grace_s": ACK_GRACE_S,
         "hold_grace_s": HOLD_GRACE_S,
         "freeze_backlog_s": FREEZE_BACKLOG_S,
+        "failover_loss_window_s": FAILOVER_LOSS_WINDOW_S,
     }

@@ -18,9 +18,9 @@ from kombu.exceptions import OperationalError
 
 from . import procs
 from .analysis import Published, analyse
-from .faults import Fault, Injector, PlannedFault, make_schedule
+from .faults import Fault, Injector, PlannedFault, default_kinds, make_schedule
 from .ledger import Execution, LedgerReader
-from .servers import BrokerServer, LedgerServer
+from .servers import LedgerServer, make_broker
 from .stacks import HARNESS_CLIENT, StackConfig, WorkerProc, make_stack
 
 log = logging.getLogger("chaos")
@@ -46,6 +46,8 @@ class RunConfig:
     drain_timeout_s: float = 300.0
     drain_stall_s: float = 180.0
     ready_timeout_s: float = 120.0
+    broker: str = "single"  # single | sentinel | cluster
+    wait_replicas: int = 0  # belayq stacks: publishes and settles wait for this many replicas
     logdir: Path = field(default_factory=lambda: Path("/tmp/belayq-chaos"))
 
     @property
@@ -85,19 +87,20 @@ def workload(cfg: RunConfig) -> list[tuple[float, Published]]:
 def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None = None,
               progress: bool = True) -> dict[str, Any]:  # fmt: skip
     """Run ``stack_name`` once with its own broker and ledger servers; return the figures."""
-    plan = plan if plan is not None else make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s)
+    if plan is None:
+        plan = make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s, default_kinds(cfg.broker))
     run_id = f"{stack_name}-{uuid.uuid4().hex[:8]}"
     logdir = cfg.logdir / run_id
     logdir.mkdir(parents=True, exist_ok=True)
     t_wall = time.time()
-    broker = BrokerServer()
-    with broker, LedgerServer() as ledger_server:
+    with make_broker(cfg.broker) as broker, LedgerServer() as ledger_server:
         ledger_client = redis.Redis(port=ledger_server.port, client_name=HARNESS_CLIENT)
         ledger = LedgerReader(ledger_client, run_id)
         scfg = StackConfig(
-            broker_port=broker.port, ledger_url=ledger_server.url, run=run_id, logdir=logdir,
+            broker=broker.spec(), ledger_url=ledger_server.url, run=run_id, logdir=logdir,
             lease_s=cfg.lease_s, sweep_s=cfg.sweep_s, max_deliveries=cfg.max_deliveries,
             workers=cfg.workers, concurrency=cfg.concurrency, long_task_s=cfg.long_task_s,
+            wait_replicas=cfg.wait_replicas,
         )  # fmt: skip
         stack = make_stack(stack_name, scfg)
         injector = Injector(stack, broker, ledger, cfg.freeze_s)
@@ -116,7 +119,7 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
             stack.close()
         executions = ledger.executions()
         ledger_client.close()
-        broker_log = (broker.dir / "redis.log").read_text(errors="replace")[-4000:]
+        broker_log = broker.log_tail()
     published = result.pop("published")
     # The raw material, so a run can be analysed again (``--reanalyse``).
     (logdir / "ledger.json").write_text(json.dumps({
@@ -128,6 +131,8 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
     figures.update(result)
     figures.update({
         "stack": stack_name,
+        "broker": cfg.broker,
+        "wait_replicas": cfg.wait_replicas,
         "run": run_id,
         "logdir": str(logdir),
         "wall_s": round(time.time() - t_wall, 1),
@@ -268,7 +273,7 @@ def _publish(stack: Any, p: Published) -> None:
             return
         except (redis.RedisError, OSError, OperationalError) as exc:
             p.publish_errors += 1
-            log.warning("publish %s failed (%r), retrying", p.task_id, exc)
+            log.warning("publish %s failed (%s: %s), retrying", p.task_id, type(exc).__name__, exc)
             time.sleep(min(0.1 * (attempt + 1), 1.0))
     raise RuntimeError(f"could not publish {p.task_id}")
 
