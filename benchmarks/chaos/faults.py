@@ -45,7 +45,7 @@ ALL_KINDS = (*KINDS, "failover")
 REPLICATED_KINDS = ("kill-main", "kill-child", "kill-many", "client-kill", "freeze", "failover")
 KILLS = ("kill-main", "kill-child", "kill-many")
 WEIGHTS = {"kill-main": 3, "kill-child": 3, "kill-many": 1, "client-kill": 2,
-           "redis-restart": 1, "freeze": 2, "failover": 1}  # fmt: skip
+           "redis-restart": 1, "freeze": 2, "failover": 2}  # fmt: skip
 GLOBAL = ("client-kill", "redis-restart", "failover")  # faults that hit every worker
 
 

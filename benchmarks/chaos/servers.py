@@ -292,7 +292,12 @@ class ClusterBroker(Broker):
             return detail
         promoted = time.time()
         master.start()
-        rejoined = _poll_until(lambda: c.role(master) == "slave" and c._all_ok(), 60)
+        rejoined = _poll_until(
+            lambda: (
+                _info(master.port, "replication").get("master_link_status") == "up" and c._all_ok()
+            ),
+            60,
+        )
         self.failovers += 1
         detail.update(
             new_primary=replica.port,

@@ -314,10 +314,12 @@ class RQStack(Stack):
     @classmethod
     def unsupported(cls, cfg: StackConfig) -> str | None:
         if cfg.broker.kind == "cluster":
+            # Checked with rq 2.12: an enqueue through a RedisCluster client goes through
+            # (and belayq_rq's core queue works on it), but the worker does not start.
             return (
-                "RQ does not support Redis Cluster (its job hashes, registries and worker "
-                "records are written in MULTI/WATCH transactions across many slots, and "
-                "`rq worker` builds no cluster client)"
+                "RQ's Worker needs a client with a connection_pool (Worker._set_connection "
+                "reads connection.connection_pool.connection_kwargs), which RedisCluster has "
+                "not: `rq worker --connection-class redis.cluster.RedisCluster` exits at start"
             )
         return None
 
