@@ -172,11 +172,22 @@ KOMBU_SEP = "\x06\x16"
 KOMBU_STEPS = (0, 3, 6, 9)
 
 
+def kombu_cluster_name(name: str) -> str:
+    """kombu queue ``name`` as ``belayq+cluster://`` names its lists: inside a hash tag, so
+    every priority level (``{name}\x06\x163`` ...) shares the slot of the first list. Stock
+    kombu never ran on a cluster, so no stock producer expects the bare name there."""
+    return f"{{{name}}}"
+
+
 def kombu_layout(
-    name: str, *, steps: Sequence[int] = KOMBU_STEPS, keyprefix: str = "", sep: str = KOMBU_SEP
+    name: str, *, steps: Sequence[int] = KOMBU_STEPS, keyprefix: str = "", sep: str = KOMBU_SEP,
+    cluster: bool = False,
 ) -> dict[str, object]:
     """The ReliableQueue arguments of kombu queue ``name`` as ``belayq://`` lays it out:
-    kombu's own lists (``name``, ``name\x06\x163``, ...) hold the envelopes."""
+    kombu's own lists (``name``, ``name\x06\x163``, ...) hold the envelopes. With
+    ``cluster``, as ``belayq+cluster://`` does (:func:`kombu_cluster_name`)."""
+    if cluster:
+        name = kombu_cluster_name(name)
     lists = [keyprefix + name] + [f"{keyprefix}{name}{sep}{s}" for s in steps[1:]]
     return {"ready_key": lists[0], "level_keys": lists[1:], "priority_steps": tuple(steps),
             "payload_in_list": True}

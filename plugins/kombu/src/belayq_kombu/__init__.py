@@ -17,10 +17,18 @@ SCHEMES = {
     "belayqs": "belayq_kombu.transport:SSLTransport",
 }
 
+#: kombu reads ``belayq+cluster://`` as transport ``belayq``; its failover ``switch()`` to
+#: the next of several URLs reads it whole, so the whole scheme must name the transport too.
+ALIASES = {
+    f"{scheme}+{inner}": path
+    for scheme, path in SCHEMES.items()
+    for inner in ("cluster", "clusters", "sentinel", "sentinels")
+}
+
 
 def register() -> None:
     """Register the URL schemes in kombu's transport aliases (idempotent)."""
-    for scheme, path in SCHEMES.items():
+    for scheme, path in {**SCHEMES, **ALIASES}.items():
         TRANSPORT_ALIASES.setdefault(scheme, path)
 
 

@@ -27,7 +27,7 @@ from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
 
-from . import celery_state, eta, options
+from . import celery_state, eta, options, topology
 from .consume import Consume, Waiter
 from .qos import QoS
 from .tags import Tags, tag_of
@@ -79,9 +79,14 @@ class Channel(stock.Channel):  # type: ignore[misc]
     native_delayed_delivery = options.BELAYQ_OPTIONS["native_delayed_delivery"][0]
     revokes_keep = options.BELAYQ_OPTIONS["revokes_keep"][0]
     revokes_max = options.BELAYQ_OPTIONS["revokes_max"][0]
+    wait_replicas = options.BELAYQ_OPTIONS["wait_replicas"][0]
+    wait_timeout = options.BELAYQ_OPTIONS["wait_timeout"][0]
     supports_batch_publish = False
     brpop_timeout: float = options.POLL_TIMEOUT_S
     _in_listen: Any = False
+    # A demoted primary's READONLY is a reason to reconnect, not a fatal error (celery#7946).
+    connection_class: Any = topology.FailoverConnection
+    connection_class_ssl: Any = topology.FailoverSSLConnection
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,6 +124,22 @@ class Channel(stock.Channel):  # type: ignore[misc]
     def core_client(self) -> redis.Redis:
         client: redis.Redis = self.connection.core_client(self)
         return client
+
+    def new_core_client(self) -> Any:
+        """A client for the core's scripts (its own pool; thread-safe)."""
+        params = self._connparams(asynchronous=False)
+        params.setdefault("timeout", 20)
+        pool = redis.BlockingConnectionPool(**params)  # type: ignore[no-untyped-call]
+        return redis.Redis(connection_pool=pool)
+
+    def claim_pool(self, rq: ReliableQueue) -> Any:
+        """The pool the blocking claim of ``rq`` takes its connection from (its connections
+        tell the poller when they close)."""
+        return self.async_pool
+
+    def claim_unblock(self) -> Any:
+        """What cancels a pending blocking claim (CLIENT UNBLOCK on another connection)."""
+        return self._unblock
 
     def queue(self, name: str) -> ReliableQueue:
         """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists)."""
@@ -196,7 +217,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         if waiter.ready:
             ready, waiter.ready = waiter.ready, []
             waiter.rq.release(ready)
-        entry = waiter.close(self._unblock)
+        entry = waiter.close(self.claim_unblock())
         if entry is not None:
             deliveries, _ = waiter.rq.lease_claimed(entry, 1)
             waiter.rq.release(deliveries)

@@ -52,7 +52,7 @@ class Waiter:
         self.channel = channel
         self.queue = queue
         self.rq = rq
-        self.claim = BlockingClaim(rq, pool=channel.async_pool)
+        self.claim = BlockingClaim(rq, pool=channel.claim_pool(rq))
         #: The last claim took all it could: more is probably waiting, so claim without
         #: blocking (one script instead of a blocking claim plus a lease script).
         self.hot = False

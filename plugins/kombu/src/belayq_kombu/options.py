@@ -40,7 +40,14 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "revokes_keep": (7 * 24 * 3600.0, "how long Redis remembers a revoke for the delayed "
                      "tasks it names (s)"),
     "revokes_max": (50_000, "most revokes Redis remembers (the oldest are dropped)"),
+    "wait_replicas": (0, "replicas that must have each publish and settle before it returns "
+                      "(Redis WAIT; 0 = asynchronous replication, a failover may lose the "
+                      "last writes)"),
+    "wait_timeout": (1.0, "longest wait for those replicas (s)"),
 }
+
+#: The stock ``sentinel://`` options, read by ``belayq+sentinel://`` only.
+SENTINEL_OPTIONS = ("master_name", "min_other_sentinels", "sentinel_kwargs")
 
 #: Read by kombu's Connection itself (retry policy), never by a channel.
 CONNECTION_OPTIONS = frozenset(
@@ -70,10 +77,9 @@ TRANSPORT_OPTIONS = frozenset(
 REFUSED: dict[str, str] = {
     "ack_emulation": "belayq always tracks unacked messages (that is its guarantee); "
     "remove ack_emulation",
-    "master_name": "Redis Sentinel is not supported by belayq:// yet; use redis:// or sentinel://",
-    "sentinel_kwargs": "Redis Sentinel is not supported by belayq:// yet",
-    "min_other_sentinels": "Redis Sentinel is not supported by belayq:// yet",
-    "sentinel_fanout_compat": "Redis Sentinel is not supported by belayq:// yet",
+    "sentinel_fanout_compat": "it bridges the fanout topic of kombu < 5.4 during a rolling "
+    "upgrade of stock sentinel:// workers; belayq+sentinel:// uses the current topic only: "
+    "upgrade the stock workers to kombu >= 5.4 first, then remove sentinel_fanout_compat",
     "reauth_check_interval": "belayq:// does not yet pass a streaming credential provider's "
     "rotated tokens to its long-lived claim connections; remove reauth_check_interval (with "
     "such a provider, use redis:// for now)",
@@ -117,16 +123,38 @@ def channel_option_names() -> tuple[str, ...]:
 
 def known_options() -> frozenset[str]:
     """Every transport option name belayq:// accepts."""
-    return frozenset(channel_option_names()) | CONNECTION_OPTIONS | TRANSPORT_OPTIONS
+    return (frozenset(channel_option_names()) | CONNECTION_OPTIONS | TRANSPORT_OPTIONS
+            | frozenset(SENTINEL_OPTIONS))
 
 
-def check(options: Mapping[str, Any]) -> None:
+def check(options: Mapping[str, Any], *, kind: str = "single") -> None:
     """Refuse unknown names and values that cannot work.
+
+    Args:
+        options: The transport options.
+        kind: What the URL reaches: ``single``, ``cluster`` or ``sentinel``.
 
     Raises:
         ValueError: Naming the option, what is wrong and what to do.
     """
     known = known_options()
+    if kind == "sentinel" and not options.get("master_name"):
+        raise ValueError(
+            "belayq+sentinel:// needs the transport option 'master_name' (the name the "
+            "sentinels know the primary by), e.g. broker_transport_options={'master_name': "
+            "'mymaster'}")
+    for name in SENTINEL_OPTIONS:
+        if name in options and kind != "sentinel":
+            raise ValueError(
+                f"belayq:// transport option {name!r} is for Redis Sentinel: use a "
+                "belayq+sentinel://host:26379 URL (one per sentinel, ';' between them)")
+    if "master_name" in options and not isinstance(options["master_name"], str):
+        raise ValueError(f"belayq:// transport option 'master_name' must be a str, got "
+                         f"{options['master_name']!r}")
+    if options.get("sentinel_kwargs") is not None and not isinstance(
+            options["sentinel_kwargs"], Mapping):
+        raise ValueError(f"belayq:// transport option 'sentinel_kwargs' must be a dict, got "
+                         f"{options['sentinel_kwargs']!r}")
     for name in options:
         if name in REFUSED:
             if name == "ack_emulation" and options[name]:
@@ -140,7 +168,7 @@ def check(options: Mapping[str, Any]) -> None:
                 f"(valid: {', '.join(sorted(known))})"
             )
     for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout", "blip_keep_max",
-                 "revokes_keep"):
+                 "revokes_keep", "wait_timeout"):
         _number(options, name, minimum=0.1)
     for name in ("lease_heartbeat_interval", "polling_interval", "socket_timeout"):
         if options.get(name) is not None:
@@ -148,6 +176,8 @@ def check(options: Mapping[str, Any]) -> None:
     for name in ("max_deliveries", "dead_letter_max", "claim_batch", "max_connections",
                  "revokes_max"):
         _integer(options, name)
+    for name in ("wait_replicas", "min_other_sentinels"):
+        _integer(options, name, minimum=0)
     for name in ("dead_letter_rejected", "adopt_stock_unacked", "priority_bell",
                  "native_delayed_delivery"):
         if name in options and not isinstance(options[name], bool):
@@ -202,6 +232,8 @@ def core_options(source: Any) -> dict[str, Any]:
         # A worker prefetches: its runs count as attempts once Celery's pool accepts them
         # (Tags.report_starts), so a crash loop does not dead-letter what never started.
         "claim_starts": False,
+        "wait_replicas": int(source.wait_replicas),
+        "wait_timeout_ms": _ms(source.wait_timeout),
     }
     try:
         QueueConfig(**fields)
@@ -225,9 +257,10 @@ def _number(options: Mapping[str, Any], name: str, *, minimum: float) -> None:
         )
 
 
-def _integer(options: Mapping[str, Any], name: str) -> None:
+def _integer(options: Mapping[str, Any], name: str, *, minimum: int = 1) -> None:
     if name not in options:
         return
     value = options[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"belayq:// transport option {name!r} must be an int >= 1, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(
+            f"belayq:// transport option {name!r} must be an int >= {minimum}, got {value!r}")

@@ -15,7 +15,7 @@ from belayq import ReliableQueue
 from belayq import __version__ as belayq_version
 from belayq.revocations import Revocations
 
-from . import options
+from . import options, topology
 from .channel import Channel
 from .poller import Poller
 from .qos import QoS
@@ -43,7 +43,20 @@ class Transport(stock.Transport):  # type: ignore[misc]
     supports_batch_publish = False
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
-        options.check(client.transport_options or {})
+        self.topology = topology.of_connection(client)
+        options.check(client.transport_options or {}, kind=self.topology.kind)
+        if self.topology.tls and not client.ssl:
+            client.ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
+        if self.topology.kind == topology.CLUSTER:
+            from .cluster import ClusterChannel
+
+            self.Channel = ClusterChannel
+            base: tuple[type[BaseException], ...] = stock.Transport.connection_errors
+            self.connection_errors = (*base, *topology.cluster_errors())
+        elif self.topology.kind == topology.SENTINEL:
+            from .sentinel import SentinelChannel
+
+            self.Channel = SentinelChannel
         super().__init__(client, **kwargs)
         self.claims = Tags()
         self.cycle = Poller(self.claims)
@@ -65,12 +78,10 @@ class Transport(stock.Transport):  # type: ignore[misc]
         return self._revocations
 
     def core_client(self, channel: _Channel) -> redis.Redis:
-        """The client the core's scripts run on (its own pool; thread-safe)."""
+        """The client the core's scripts run on (its own pool; thread-safe): of the one
+        server, the cluster, or the primary the sentinels name."""
         if self._core_client is None:
-            params = channel._connparams(asynchronous=False)
-            params.setdefault("timeout", 20)
-            pool = redis.BlockingConnectionPool(**params)  # type: ignore[no-untyped-call]
-            self._core_client = redis.Redis(connection_pool=pool)
+            self._core_client = channel.new_core_client()
         return self._core_client
 
     #: Queue objects kept for publishing beyond which idle ones are forgotten (a worker
