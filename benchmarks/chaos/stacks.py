@@ -178,10 +178,8 @@ def belayq_scheme(kind: str) -> str | None:
     registers one (``belayq+sentinel`` / ``belayq+cluster``); None while it does not."""
     import belayq_kombu
 
-    for scheme in belayq_kombu.SCHEMES:
-        if scheme.startswith("belayq") and scheme.endswith(kind):
-            return scheme
-    return None
+    scheme = f"belayq+{kind}"
+    return scheme if scheme in getattr(belayq_kombu, "ALIASES", {}) else None
 
 
 def kombu_wait_replicas() -> bool:
