@@ -24,6 +24,7 @@ import redis
 
 from . import client_info
 from .constants import CANCEL_GRACE_S
+from .errors import left_primary
 
 if TYPE_CHECKING:
     from .models import Delivery
@@ -136,10 +137,17 @@ class BlockingClaim:
     def read(self) -> bytes | None:
         """The BLMOVE's reply: an entry now in the queue's landing zone (pass it to
         :meth:`lease`), or None (timed out, or redirected by a cluster mid-resharding: the
-        next non-blocking claim re-routes). A connection error closes the connection."""
+        next non-blocking claim re-routes). A connection error closes the connection, and
+        so does the answer of a server a failover demoted (raised as
+        ``redis.ConnectionError``)."""
         try:
             reply = self.conn.read_response()
-        except redis.ResponseError:  # MOVED/ASK, UNBLOCKED (its master became a replica)
+        except redis.ResponseError as exc:
+            if left_primary(exc) and not client_info.is_cluster(self.queue.client):
+                # A failover demoted the server: connect again (Sentinel, a moved address).
+                self.conn.disconnect()
+                raise redis.ConnectionError(f"the server left the primary role: {exc}") from exc
+            # MOVED/ASK, or UNBLOCKED on a cluster (its master became a replica).
             reply = None
             self._redirected = True  # the next send connects to the slot's owner then
         except Exception:

@@ -46,13 +46,12 @@ import redis
 from . import client_info
 from .blocking import BlockingClaim
 from .constants import CLAIM_ANY_ROUND_MAX_S, CLUSTER_RETRY_FIRST_PAUSE_S
-from .errors import ConfigError, ConnectionLost
+from .errors import ConfigError, ConnectionLost, drop_connections, left_primary
 from .models import Delivery
 from .queue import ReliableQueue
 
 FALLBACK_SLICE_S = 0.05
 """Longest wait of one fallback round (s): the pickup latency of the slower paths."""
-
 
 
 def claim_any(
@@ -83,6 +82,12 @@ def claim_any(
         return _claim_any(list(queues), timeout, count)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise ConnectionLost(f"Redis unreachable during claim_any: {exc}") from exc
+    except redis.ResponseError as exc:
+        if not left_primary(exc):
+            raise
+        for q in queues:
+            drop_connections(q.client)
+        raise ConnectionLost(f"the server left the primary role during claim_any: {exc}") from exc
 
 
 def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -> list[Delivery]:

@@ -42,8 +42,29 @@ class ConnectionLost(BelayqError, ConnectionError):
     idempotent and may be retried."""
 
 
+def left_primary(exc: BaseException) -> bool:
+    """Whether ``exc`` is a server's answer that it is no longer the primary, after a
+    failover demoted it: ``READONLY`` (a write or script sent to a replica: it ran nothing)
+    or ``UNBLOCKED`` (a blocked BLMOVE the server ended when its role changed: it moved
+    nothing). The call belongs on the new primary; a new connection finds it (a Sentinel
+    -managed client asks the sentinels; a virtual IP or DNS name has moved)."""
+    if isinstance(exc, redis.ReadOnlyError):
+        return True
+    return isinstance(exc, redis.ResponseError) and str(exc).startswith("UNBLOCKED")
+
+
+def drop_connections(client: Any) -> None:
+    """Close every connection of ``client``'s pool (they lead to a demoted server), so the
+    next call connects again; a cluster client re-routes by itself and is left alone."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is not None and hasattr(pool, "disconnect"):
+        pool.disconnect()
+
+
 def redis_errors(fn: F) -> F:
-    """Translate redis-py's connection errors into :class:`ConnectionLost`."""
+    """Translate redis-py's connection errors, and a demoted primary's answers
+    (:func:`left_primary`: then the connections of the owner's client are dropped), into
+    :class:`ConnectionLost`."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -51,5 +72,13 @@ def redis_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
+        except redis.ResponseError as exc:
+            if not left_primary(exc):
+                raise
+            if args:
+                drop_connections(getattr(args[0], "client", None))
+            raise ConnectionLost(
+                f"the server left the primary role during {fn.__name__} (a failover): {exc}"
+            ) from exc
 
     return wrapper  # type: ignore[return-value]

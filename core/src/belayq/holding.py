@@ -12,6 +12,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+from . import client_info
 from .config import QueueConfig
 from .errors import ConnectionLost, DurabilityError
 from .keeper import KEEPER
@@ -42,6 +43,7 @@ class HeldClaims:
     """Bookkeeping of unsettled claims, mixed into :class:`~belayq.ReliableQueue`."""
 
     name: str
+    client: Any
     config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
@@ -114,7 +116,8 @@ class HeldClaims:
     @contextlib.contextmanager
     def _settling(self, deliveries: Sequence[Delivery]) -> Iterator[None]:
         # Forget before the script runs, so a heartbeat racing this settle does not try to
-        # extend what is being settled; hold them again if the settle never reached Redis.
+        # extend what is being settled; hold them again if the settle never reached Redis
+        # (not after DurabilityError: it reached the primary, only unconfirmed).
         self._forget(deliveries)
         try:
             yield
@@ -184,6 +187,15 @@ class HeldClaims:
                 with self._lock:
                     self._unsettled[:0] = pending[i:]
                 break
+            except DurabilityError as exc:
+                # It landed on the primary; only the replicas' confirmation is missing.
+                log.warning("%s of %s on %s landed unconfirmed: %s", op, d.id, self.name, exc)
+                continue
+            except BaseException:
+                # Keep the rest for the next beat (their leases are still extended).
+                with self._lock:
+                    self._unsettled[:0] = pending[i + 1 :]
+                raise
             if not ok:
                 log.warning("%s of %s on %s refused after a retry: its lease had expired and "
                             "it was redelivered", op, d.id, self.name)
@@ -201,7 +213,9 @@ class HeldClaims:
     def heartbeat(self) -> None:
         """Retry the settlements that could not reach Redis, extend every held lease
         (reporting the starts since the last beat) and run the sweep (the keeper calls
-        this)."""
+        this). A Sentinel-managed client first asks where the primary is, so the beats
+        follow a failover at once (:func:`~belayq.client_info.follow_primary`)."""
+        client_info.follow_primary(self.client)
         if self._unsettled:
             self.retry_unsettled()
         held = self.held
