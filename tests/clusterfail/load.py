@@ -33,6 +33,7 @@ class Run:
 
     payload: str
     consumer: int
+    claimed_at: float  # monotonic s, when the claim returned it
     acked_at: float  # monotonic s, after the ack call returned or raised
     outcome: str  # "acked", "stale" (ack refused: redelivered meanwhile), "unconfirmed"
 
@@ -44,11 +45,13 @@ class Load:
     options: dict[str, Any]
     consumers: int = 4
     publish_pause_s: float = 0.005
+    work_s: float = 0.05  # each run holds its claim this long: some are in flight at the event
     confirmed: list[str] = field(default_factory=list)
     unconfirmed: list[tuple[str, float, float]] = field(default_factory=list)  # (p, t, took)
     uncertain: list[str] = field(default_factory=list)  # publish failed otherwise
     runs: list[Run] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
+    messages: dict[str, str] = field(default_factory=dict)  # the last error of each kind
     stop_publishing: threading.Event = field(default_factory=threading.Event)
     stop_consuming: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
@@ -85,8 +88,9 @@ class Load:
             try:
                 q.publish(payload)
                 self.confirmed.append(payload)
-            except DurabilityError:
+            except DurabilityError as exc:
                 self.errors["publish DurabilityError"] += 1
+                self.messages["publish DurabilityError"] = str(exc)
                 self.unconfirmed.append((payload, t0, time.monotonic() - t0))
             except BelayqError as exc:  # ConnectionLost: it may or may not have landed
                 self.errors[f"publish {type(exc).__name__}"] += 1
@@ -102,8 +106,10 @@ class Load:
                 self.errors[f"claim {type(exc).__name__}"] += 1
                 time.sleep(0.05)
                 continue
+            claimed_at = time.monotonic()
             for d in got:
                 payload = d.payload.decode()
+                time.sleep(self.work_s)
                 try:
                     outcome = "acked" if q.ack(d) else "stale"
                 except DurabilityError:
@@ -113,7 +119,7 @@ class Load:
                     self.errors[f"ack {type(exc).__name__}"] += 1
                     q.retry_later("ack", [d])
                     outcome = "retrying"
-                self.runs.append(Run(payload, index, time.monotonic(), outcome))
+                self.runs.append(Run(payload, index, claimed_at, time.monotonic(), outcome))
 
     def close(self) -> None:
         self.stop_publishing.set()
@@ -137,6 +143,10 @@ class Load:
 
     def consumers_after(self, t: float) -> set[int]:
         return {r.consumer for r in list(self.runs) if r.acked_at > t}
+
+    def in_flight_at(self, t: float) -> set[str]:
+        """Payloads some consumer had claimed by ``t`` and not yet acked."""
+        return {r.payload for r in list(self.runs) if r.claimed_at <= t < r.acked_at}
 
     def alive(self) -> bool:
         return all(t.is_alive() for t in self.threads[1:])

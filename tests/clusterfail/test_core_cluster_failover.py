@@ -5,7 +5,8 @@ publishes with ``wait_replicas=1`` and four consumers claim (two blocked in
 
 * ``CLUSTER FAILOVER`` on its replica (a clean handover): nothing lost, nothing run twice;
   consumers blocked in BLMOVE on the old master are answered (UNBLOCKED) and go on with
-  the new one without a restart.
+  the new one without a restart. A publish in the moment before the old master's
+  replication link to the new one is up may raise ``DurabilityError`` (and is consumed).
 * SIGKILL of the master: after ``cluster-node-timeout`` (1500 ms) its replica takes over.
   Every message whose publish returned is consumed; a message runs twice only if it was in
   flight at the kill (at most one per consumer). Until the killed node comes back (we
@@ -126,8 +127,11 @@ def test_manual_failover_loses_nothing_and_runs_nothing_twice(
     twice = check_contract(load)
     figures = report("CLUSTER FAILOVER", load, gap)
     assert not twice, f"a clean handover ran messages twice: {twice}"
-    # The old master is the new one's replica at once: no write goes unconfirmed.
-    assert figures["unconfirmed"] == figures["uncertain"] == 0, load.errors
+    # The old master turns into the new one's replica at once, but its link takes a moment:
+    # a publish or two right after the switch may find no replica connected yet.
+    assert figures["uncertain"] == 0, load.errors
+    late = [(p, round(t0 - t_event, 2)) for p, t0, _ in load.unconfirmed if t0 - t_event > 2]
+    assert not late, f"publishes unconfirmed long after the handover: {late}"
     assert gap < 5, f"{gap:.2f} s without service after a clean handover"
 
 
@@ -153,6 +157,8 @@ def test_killed_master_loses_nothing_confirmed(
     slowest = max(refused_after())
     assert slowest < WAIT_TIMEOUT_MS / 1000 + 2.5, f"a refused publish took {slowest:.2f} s"
     assert load.errors["publish DurabilityError"] == len(load.unconfirmed), load.errors
+    said = load.messages["publish DurabilityError"]
+    assert "0 of 1 replica(s)" in said and "0 replica(s) connected" in said, said
 
     # The killed node comes back (a supervisor restarts it) as the new master's replica.
     master.start()
@@ -172,8 +178,18 @@ def test_killed_master_loses_nothing_confirmed(
     drain(load, cluster)
     twice = check_contract(load)
     assert not load.uncertain, load.errors  # the core rode out the failover window
-    report("SIGKILL master", load, gap, f"(replica promoted {promoted_s:.2f} s after the kill)")
+    in_flight = load.in_flight_at(t_event)
+    report(
+        "SIGKILL master",
+        load,
+        gap,
+        f"(replica promoted {promoted_s:.2f} s after the kill; {len(in_flight)} in flight)",
+    )
     # Only a delivery in flight at the kill (claimed, not yet acked on a replica) may run
-    # again; each consumer holds one at a time.
-    assert sum(n - 1 for n in twice.values()) <= CONSUMERS, twice
+    # again; each consumer holds one at a time. (With this 3 s lease, shorter than the
+    # failover, they do: their leases expire before the keeper reaches the new master. With
+    # a lease longer than the failover, runs measured none.)
+    assert set(twice) <= in_flight, (twice, in_flight)
+    assert all(n == 2 for n in twice.values()), twice
+    assert len(in_flight) <= CONSUMERS, in_flight
     assert gap < 15, f"{gap:.2f} s without service after the kill"

@@ -7,6 +7,7 @@ from .errors import (
     ConnectionLost,
     CrossSlot,
     DurabilityError,
+    EvictionRiskWarning,
     RedisTooOld,
     SchemaMismatch,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "DurabilityError",
     "Event",
     "EventStream",
+    "EvictionRiskWarning",
     "HistoryRecord",
     "Published",
     "QueueConfig",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import warnings
 from typing import Any
 
 import redis
@@ -13,6 +15,12 @@ from .constants import (
     BLOCK_SHARE_OF_SOCKET_TIMEOUT,
     REDIS_PY_READ_TIMEOUT_S,
 )
+from .errors import EvictionRiskWarning
+
+log = logging.getLogger("belayq")
+
+#: Policies that may evict a key without a TTL: every belayq queue key.
+EVICTING_POLICIES = ("allkeys-lru", "allkeys-lfu", "allkeys-random")
 
 
 def is_cluster(client: Any) -> bool:
@@ -52,11 +60,18 @@ def blocking_cap_s(kwargs: dict[str, Any]) -> float:
                min(BLOCK_ROUND_MAX_S, float(timeout) * BLOCK_SHARE_OF_SOCKET_TIMEOUT))
 
 
+def _info(client: Any, section: str) -> Any:
+    """``INFO section``; of every primary of a cluster (redis-py asks one node otherwise)."""
+    if is_cluster(client):
+        return client.info(section, target_nodes=client.PRIMARIES)
+    return client.info(section)
+
+
 def server_versions(client: Any) -> list[str]:
     """``redis_version`` of every server the client reaches ([] when it will not say:
     fakeredis has no INFO, and emulates a recent Redis)."""
     try:
-        info = client.info("server")
+        info = _info(client, "server")
     except redis.ResponseError:
         return []
     if "redis_version" in info:
@@ -72,10 +87,46 @@ def version_tuple(version: str) -> tuple[int, ...]:
 def aof_enabled(client: Any) -> bool:
     """Whether every server the client reaches has appendonly on."""
     try:
-        info = client.info("persistence")
+        info = _info(client, "persistence")
     except redis.ResponseError:
         return False
     if "aof_enabled" in info:
         return bool(int(info["aof_enabled"]))
     nodes = [v for v in info.values() if isinstance(v, dict)]
     return bool(nodes) and all(int(v.get("aof_enabled", 0)) for v in nodes)
+
+
+def eviction_policies(client: Any) -> list[str]:
+    """``maxmemory_policy`` of every server the client reaches, from ``INFO memory`` (which
+    managed services allow where they disable CONFIG); [] when the server will not say (an
+    ACL user without +info, fakeredis)."""
+    try:
+        info = _info(client, "memory")
+    except redis.ResponseError as exc:  # NoPermissionError included
+        log.debug("cannot read the eviction policy (INFO memory): %s", exc)
+        return []
+    if "maxmemory_policy" in info:
+        return [str(info["maxmemory_policy"])]
+    return [
+        str(v["maxmemory_policy"])
+        for v in info.values()
+        if isinstance(v, dict) and "maxmemory_policy" in v
+    ]
+
+
+def warn_if_evicting(client: Any) -> None:
+    """Warn (:class:`~belayq.errors.EvictionRiskWarning`) when a server the client reaches
+    may evict keys that have no TTL. Called once per client, when its first queue connects.
+    """
+    risky = sorted({p for p in eviction_policies(client) if p in EVICTING_POLICIES})
+    if risky:
+        warnings.warn(
+            f"Redis maxmemory-policy is {', '.join(risky)}: under memory pressure Redis will "
+            "delete keys that have no TTL, and belayq's queue keys (ready, in flight, dead "
+            "messages) have none, so messages can vanish without an error. Set "
+            "maxmemory-policy to noeviction (or a volatile-* policy; on a managed service, "
+            "in its parameter group / configuration), so a full server refuses writes "
+            "instead. See docs/managed-redis.md.",
+            EvictionRiskWarning,
+            stacklevel=5,
+        )

@@ -61,7 +61,9 @@ class QueueConfig:
         wait_aof: Wait for the AOF fsync too (WAITAOF, Redis 7.2+ with appendonly on).
             None = when the server has both; True = required; False = never.
         cluster_retry_ms: How long a script call is retried while its cluster slot is
-            migrating (TRYAGAIN, ASK, MOVED) before ``ConnectionLost`` (ms).
+            migrating (TRYAGAIN, ASK, MOVED) or its master fails over (connection errors,
+            CLUSTERDOWN) before ``ConnectionLost`` (ms). Keep it above the cluster's
+            failover time (``cluster-node-timeout`` plus the election, a few seconds).
         exhausted: What happens to a message that has run ``max_deliveries`` times when that
             last run is lost or nacked: ``"dead"`` moves it to the core's dead-letter set;
             ``"deliver"`` hands it to a consumer once more, marked

