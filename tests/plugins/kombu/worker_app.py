@@ -33,6 +33,11 @@ app.conf.update(
     },
     result_expires=600,
 )
+# Failover tests: writes wait for a replica; the Sentinel group's name.
+for name, value, cast in (("wait_replicas", env("BQ_WAIT_REPLICAS"), int),
+                          ("master_name", env("BQ_MASTER_NAME"), str)):
+    if value is not None:
+        app.conf.broker_transport_options[name] = cast(value)
 # Newer worker settings, set only when a test asks (older Celery versions lack them).
 for name, value in (
     ("worker_disable_prefetch", env("BQ_DISABLE_PREFETCH")),

@@ -142,18 +142,39 @@ class Channel(stock.Channel):  # type: ignore[misc]
         return self._unblock
 
     def queue(self, name: str) -> ReliableQueue:
-        """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists)."""
+        """The belayq queue behind kombu queue ``name`` (kombu's lists are its ready lists),
+        for consuming and settling: its writes do not wait for replicas (see
+        :meth:`publisher`)."""
         rq = self.connection.queues.get(name)
         if rq is None:
-            names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
-            rq = ReliableQueue(
-                self.core_client, name, ready_key=names[0], level_keys=names[1:],
-                **self._core_options,
-            )
+            rq = self._new_queue_object(name, wait_replicas=0)
             self.connection.forget_idle_queues()
             self.connection.queues[name] = rq
         assert isinstance(rq, ReliableQueue)
         return rq
+
+    def publisher(self, name: str) -> ReliableQueue:
+        """The belayq queue ``name`` for publishing: with ``wait_replicas``, a publish returns
+        once that many replicas have the message (else ``DurabilityError``). Only publishes
+        wait: a failover that loses an unreplicated ack or requeue brings a message back
+        (at-least-once), while one that loses a publish would lose the message; and a worker
+        must not stop on a settle whose replicas are late."""
+        if not self.wait_replicas:
+            return self.queue(name)
+        rq = self.connection.publishers.get(name)
+        if rq is None:
+            rq = self._new_queue_object(name, wait_replicas=int(self.wait_replicas),
+                                        keeper=False)
+            if len(self.connection.publishers) >= self.connection.max_cached_queues:
+                self.connection.publishers.clear()
+            self.connection.publishers[name] = rq
+        assert isinstance(rq, ReliableQueue)
+        return rq
+
+    def _new_queue_object(self, name: str, **options: Any) -> ReliableQueue:
+        names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
+        return ReliableQueue(self.core_client, name, ready_key=names[0], level_keys=names[1:],
+                             **{**self._core_options, **options})
 
     # -- publish -----------------------------------------------------------------------
 
@@ -164,7 +185,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         priority = min(self._get_message_priority(message, reverse=False),
                        self.priority_steps[-1])  # above the last step: the last, as kombu
         wait = eta.wait_ms(message, time() * 1000) if self.native_delayed_delivery else 0
-        self.queue(queue).publish(dumps(message), priority=priority, delay_ms=wait)
+        self.publisher(queue).publish(dumps(message), priority=priority, delay_ms=wait)
         if queue in getattr(self, "_expires", ()):  # kombu >= 5.4: queues with x-expires
             with self.conn_or_acquire() as client:
                 self._maybe_update_queues_expire(client, queue)

@@ -64,6 +64,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
         interval = (client.transport_options or {}).get("polling_interval")
         self.brpop_timeout = float(interval) if interval else options.POLL_TIMEOUT_S
         self.queues: dict[str, ReliableQueue] = {}
+        self.publishers: dict[str, ReliableQueue] = {}  # with wait_replicas (Channel.publisher)
         self._core_client: redis.Redis | None = None
         self._revocations: Revocations | None = None
 
@@ -99,6 +100,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
 
     def forget_queue(self, name: str) -> None:
         """Drop the cached queue object of ``name`` and stop keeping its leases."""
+        self.publishers.pop(name, None)
         rq = self.queues.pop(name, None)
         if rq is not None:
             rq.close(release=False)
