@@ -62,6 +62,8 @@ def table(results: list[dict[str, Any]]) -> str:
         lost = f"{r['lost']}"
         if replicated:
             lost += f" ({r.get('lost_at_failover', 0)})"
+        if r.get("failovers_unplanned"):
+            faults += f" +{r['failovers_unplanned']} unplanned failover(s)"
         name = r["stack"]
         if r.get("broker", "single") != "single":
             name += f" ({r['broker']}"
@@ -110,6 +112,13 @@ def details(r: dict[str, Any]) -> str:
             f"max {max(gaps, default=0):.2f} s, mean {sum(gaps) / max(len(gaps), 1):.2f} s; "
             f"replica lag before the kill (bytes): "
             f"{[d.get('lag_bytes_before') for d in failovers]}"
+        )
+    if r.get("failovers_unplanned"):
+        unplanned = [w for w in r["failover_windows"] if not w[2]]
+        out.append(
+            f"- failovers nobody planned (the sentinels lost a running primary for down-after "
+            f"ms): {r['failovers_unplanned']}; tasks lost in their windows: "
+            f"{r.get('lost_at_unplanned_failover', 0)}; windows {unplanned}"
         )
     out += [f"- {note(r)}" for key, note in NOTES if r[key]]
     out.append(f"- core stats: {r['core_stats']}; stack stats: {r['stack_stats']}")

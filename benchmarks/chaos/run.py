@@ -17,10 +17,10 @@ import redis
 from kombu.exceptions import OperationalError
 
 from . import procs
-from .analysis import Published, analyse
+from .analysis import Published, analyse, failover_windows
 from .faults import Fault, Injector, PlannedFault, default_kinds, make_schedule
 from .ledger import Execution, LedgerReader
-from .servers import LedgerServer, make_broker
+from .servers import SENTINEL_DOWN_AFTER_MS, LedgerServer, make_broker
 from .stacks import HARNESS_CLIENT, StackConfig, WorkerProc, make_stack
 
 log = logging.getLogger("chaos")
@@ -120,6 +120,8 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
         executions = ledger.executions()
         ledger_client.close()
         broker_log = broker.log_tail()
+        broker.save_logs(logdir)
+        switches = broker.switches()
     published = result.pop("published")
     # The raw material, so a run can be analysed again (``--reanalyse``).
     (logdir / "ledger.json").write_text(json.dumps({
@@ -127,7 +129,8 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
         "executions": [asdict(e) for e in executions],
         "waiting": waiting,
     }))  # fmt: skip
-    figures = analyse(published, executions, faults, waiting)
+    windows = failover_windows(faults, switches, SENTINEL_DOWN_AFTER_MS / 1000)
+    figures = analyse(published, executions, faults, waiting, windows)
     figures.update(result)
     figures.update({
         "stack": stack_name,
@@ -142,6 +145,7 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
         "worker_events": events,
         "workers_started": len(stack.started),
         "fault_log": [f.to_json() for f in faults],
+        "primary_switches": switches,
         "broker_log_tail": broker_log,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
     })  # fmt: skip
@@ -157,7 +161,10 @@ def reanalyse(logdir: Path) -> dict[str, Any]:
     published = [Published(**p) for p in raw["published"]]
     executions = [Execution(**e) for e in raw["executions"]]
     faults = [Fault(**f) for f in figures["fault_log"]]
-    figures.update(analyse(published, executions, faults, raw["waiting"]))
+    windows = failover_windows(
+        faults, figures.get("primary_switches", []), SENTINEL_DOWN_AFTER_MS / 1000
+    )
+    figures.update(analyse(published, executions, faults, raw["waiting"], windows))
     return figures
 
 

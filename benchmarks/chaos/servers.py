@@ -7,9 +7,12 @@ free ports, never 6379, and all removed at the end."""
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import time
 from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -100,6 +103,13 @@ class LedgerServer(RedisServer):
 
 BROKERS = ("single", "sentinel", "cluster")
 SERVICE_NAME = "chaos"
+#: ``down-after-milliseconds`` of the sentinels: 2 s rather than the fixture's 1 s, so a
+#: primary that is merely slow on the shared 2-CPU machine is less often failed over.
+SENTINEL_DOWN_AFTER_MS = 2000
+#: ``12345:X 03 Dec 2026 04:27:55.804 # +switch-master chaos 127.0.0.1 1 127.0.0.1 2``
+_SENTINEL_LINE = re.compile(
+    r"^\d+:X (?P<when>\d+ \w+ \d+ [\d:.]+) [#*] (?P<event>\S+) (?P<args>.*)$"
+)
 
 
 @dataclass(frozen=True)
@@ -160,6 +170,13 @@ class Broker:
     def log_tail(self) -> str:
         return ""
 
+    def save_logs(self, logdir: Path) -> None:
+        """Copy the topology's own logs into ``logdir`` (before :meth:`stop` removes them)."""
+
+    def switches(self) -> list[dict[str, Any]]:
+        """Changes of primary the servers logged (Sentinel only; empty elsewhere)."""
+        return []
+
 
 class SingleBroker(Broker):
     """One :class:`BrokerServer` (AOF, restartable): what the harness always ran."""
@@ -188,18 +205,54 @@ class SingleBroker(Broker):
 
 class SentinelBroker(Broker):
     """A primary, two replicas and three sentinels (:class:`RedisSentinelServers`;
-    ``down-after-milliseconds`` 1000, ``failover-timeout`` 3000; no persistence: a killed
+    ``down-after-milliseconds`` 2000, ``failover-timeout`` 3000; no persistence: a killed
     server comes back empty, as a replica of whoever is primary then)."""
 
     kind = "sentinel"
 
     def __init__(self) -> None:
-        self.group = RedisSentinelServers(binary(), service_name=SERVICE_NAME)
+        self.group = RedisSentinelServers(
+            binary(), service_name=SERVICE_NAME, down_after_ms=SENTINEL_DOWN_AFTER_MS
+        )
         self.group.start(timeout=60)
         self.failovers = 0
 
     def stop(self) -> None:
         self.group.stop()
+
+    def save_logs(self, logdir: Path) -> None:
+        for i, s in enumerate(self.group.sentinels):
+            (logdir / f"sentinel-{i}.log").write_text(s.log())
+
+    def switches(self) -> list[dict[str, Any]]:
+        """Every change of primary the sentinels logged (``+switch-master``), the planned
+        ones and any other (a primary that answered no sentinel for ``down-after`` ms on a
+        busy machine is failed over although it runs): when (``t``), from and to which
+        port, when the sentinels first found the old one down (``sdown_t``) and when they
+        turned it into a replica (``demoted_t``; None: it was dead, or never came back)."""
+        events: list[tuple[float, str, list[str]]] = []
+        for s in self.group.sentinels:
+            for line in s.log().splitlines():
+                m = _SENTINEL_LINE.match(line)
+                if m:
+                    t = datetime.strptime(m["when"], "%d %b %Y %H:%M:%S.%f").timestamp()
+                    events.append((t, m["event"], m["args"].split()))
+        events.sort()
+        out: list[dict[str, Any]] = []
+        for t, event, args in events:
+            if event != "+switch-master" or len(args) < 5:
+                continue
+            old, new = int(args[2]), int(args[4])
+            if any(x["old"] == old and x["new"] == new and abs(x["t"] - t) < 5 for x in out):
+                continue  # the same switch, as another sentinel logged it
+            sdown = [u for u, e, a in events if e == "+sdown" and a[:1] == ["master"]
+                     and a[-1:] == [str(old)] and t - 30 < u <= t]  # fmt: skip
+            demoted = [u for u, e, a in events if e == "+convert-to-slave"
+                       and a[1:2] == [f"127.0.0.1:{old}"] and u >= t]  # fmt: skip
+            out.append({"t": t, "old": old, "new": new,
+                        "sdown_t": sdown[0] if sdown else None,
+                        "demoted_t": demoted[0] if demoted else None})  # fmt: skip
+        return out
 
     def spec(self) -> BrokerSpec:
         return BrokerSpec(
