@@ -4,6 +4,8 @@ duplicates to a failover, planned or not."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from benchmarks.chaos.analysis import Published, analyse, failover_windows
@@ -48,7 +50,7 @@ def _failover(t: float, t_end: float, old: int, new: int) -> Fault:
 
 def test_loss_and_duplicates_at_planned_and_unplanned_failovers() -> None:
     planned = _failover(100.0, 104.0, 1, 2)
-    switches = [
+    switches: list[dict[str, Any]] = [
         {"t": 103.5, "old": 1, "new": 2, "sdown_t": 102.0, "demoted_t": None},  # the planned one
         {"t": 200.0, "old": 2, "new": 3, "sdown_t": 198.0, "demoted_t": 205.0},  # nobody's
     ]
