@@ -10,10 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .faults import KINDS, make_schedule
+from .faults import check_kinds, default_kinds, make_schedule
 from .report import details, table
 from .run import RunConfig, reanalyse, run_stack
-from .stacks import STACKS
+from .servers import BROKERS
+from .stacks import STACKS, unsupported
 
 #: Workload presets: the share of tasks published with an ETA (0.5 to 3 leases ahead).
 WORKLOADS = {"mixed": 0.05, "eta-heavy": 0.5}
@@ -33,16 +34,42 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--concurrency", type=int, default=2, help="Celery prefork pool size")
     p.add_argument("--long-share", type=float, default=0.005)
-    p.add_argument("--eta-share", type=float, default=None,
-                   help="share of ETA/countdown tasks (default: the workload's)")
-    p.add_argument("--workload", choices=sorted(WORKLOADS), default="mixed",
-                   help="mixed: 5%% ETA tasks; eta-heavy: half the tasks have an ETA")
+    p.add_argument(
+        "--eta-share",
+        type=float,
+        default=None,
+        help="share of ETA/countdown tasks (default: the workload's)",
+    )
+    p.add_argument(
+        "--workload",
+        choices=sorted(WORKLOADS),
+        default="mixed",
+        help="mixed: 5%% ETA tasks; eta-heavy: half the tasks have an ETA",
+    )
     p.add_argument("--long-factor", type=float, default=3.0, help="long task = N x lease")
     p.add_argument("--max-deliveries", type=int, default=50)
     p.add_argument("--drain-timeout", type=float, default=300.0)
     p.add_argument("--drain-stall", type=float, default=180.0)
     p.add_argument("--logdir", type=Path, default=Path("/tmp/belayq-chaos"))
-    p.add_argument("--kinds", default=",".join(KINDS), help="fault kinds to inject (comma list)")
+    p.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="single",
+        help="single: one redis-server (AOF, restartable); sentinel: a primary, "
+        "2 replicas and 3 sentinels; cluster: 3 masters + 3 replicas",
+    )
+    p.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=0,
+        help="belayq stacks: publishes and settles wait for N replicas",
+    )
+    p.add_argument(
+        "--kinds",
+        default=None,
+        help="fault kinds to inject (comma list; default: every kind the broker "
+        "has: redis-restart on single, failover on sentinel and cluster)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument(
         "--from-json",
@@ -79,14 +106,28 @@ def main(argv: list[str] | None = None) -> int:
     for s in stacks:
         if s not in STACKS:
             p.error(f"unknown stack {s!r}")
+    kinds = args.kinds.split(",") if args.kinds else list(default_kinds(args.broker))
+    try:
+        check_kinds(kinds, args.broker)
+    except ValueError as exc:
+        p.error(str(exc))
+    reasons = {s: unsupported(s, args.broker, args.wait_replicas) for s in stacks}
+    if args.stack != "all" and any(reasons.values()):
+        p.error("; ".join(r for r in reasons.values() if r))
+    for reason in filter(None, reasons.values()):
+        logging.warning("skipped: %s", reason)
+    stacks = [s for s in stacks if not reasons[s]]
+    if not stacks:
+        p.error("no stack can run here")
     cfg = RunConfig(
         tasks=args.tasks, minutes=args.minutes, seed=args.seed, lease_s=args.lease,
         sweep_s=args.sweep, fault_every_s=args.fault_every, workers=args.workers,
         concurrency=args.concurrency, long_share=args.long_share, eta_share=args.eta_share,
         long_factor=args.long_factor, max_deliveries=args.max_deliveries,
         drain_timeout_s=args.drain_timeout, drain_stall_s=args.drain_stall, logdir=args.logdir,
+        broker=args.broker, wait_replicas=args.wait_replicas,
     )  # fmt: skip
-    plan = make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s, args.kinds.split(","))
+    plan = make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s, kinds)
     results = []
     t0 = time.time()
     for s in stacks:
@@ -103,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         f"(seed {cfg.seed}); belayq lease {cfg.lease_s} s, sweep {cfg.sweep_s} s; stock Celery "
         f"visibility_timeout {cfg.lease_s} s (stock default 3600 s); {cfg.workers} workers "
         f"(Celery prefork -c {cfg.concurrency}, acks_late, reject_on_worker_lost; RQ forking "
-        f"Worker --with-scheduler)"
+        f"Worker --with-scheduler); broker {cfg.broker}"
+        + (f", wait_replicas={cfg.wait_replicas}" if cfg.wait_replicas else "")
     )
     print()
     print(table(results))

@@ -23,10 +23,47 @@ from .ledger import Execution
 ACK_GRACE_S = 2.0
 HOLD_GRACE_S = 2.0
 FREEZE_BACKLOG_S = 10.0
+# A failover to an async replica can lose what the primary had acknowledged but not yet
+# streamed to it (replication on one machine lags by milliseconds; under load, more). A
+# lost task published at most this long before a failover's kill (or while it lasted) is
+# counted as lost "in a failover's window" apart from the other losses.
+FAILOVER_LOSS_WINDOW_S = 1.0
+# A change of primary nobody planned (Sentinel failed over a primary it could not reach
+# for down-after ms, though it ran): the old primary took writes from the moment the
+# sentinels stopped hearing it until they turned it into a replica, and its resync threw
+# them away. Without a logged demotion, the window ends this long after the switch.
+UNPLANNED_WINDOW_AFTER_S = 10.0
+
+
+def failover_windows(
+    faults: list[Fault], switches: list[dict[str, Any]], down_after_s: float
+) -> list[list[Any]]:
+    """``[start, end, planned, old port, new port]`` for each change of primary: the
+    harness's failovers (from ``FAILOVER_LOSS_WINDOW_S`` before the kill to the new
+    primary) and the switches the sentinels logged that none of them explains (from
+    ``down_after_s`` + ``FAILOVER_LOSS_WINDOW_S`` before the first ``+sdown`` to the
+    demotion)."""
+    planned = [f for f in faults if f.kind == "failover"]
+    out: list[list[Any]] = [
+        [f.t - FAILOVER_LOSS_WINDOW_S, f.t_end, True, f.detail.get("old_primary"),
+         f.detail.get("new_primary")]
+        for f in planned
+    ]  # fmt: skip
+    for sw in switches:
+        if any(
+            f.detail.get("old_primary") == sw["old"] and f.t - 1 <= sw["t"] <= f.t_end + 5
+            for f in planned
+        ):
+            continue
+        seen = sw["sdown_t"] if sw["sdown_t"] is not None else sw["t"]
+        end = sw["demoted_t"] if sw["demoted_t"] is not None else sw["t"] + UNPLANNED_WINDOW_AFTER_S
+        out.append([seen - down_after_s - FAILOVER_LOSS_WINDOW_S, end, False, sw["old"], sw["new"]])
+    return out
 
 
 # When several faults hit a duplicated task, it is counted under the first of these.
-EXPLAINS = ("kill-main", "kill-many", "kill-child", "freeze", "redis-restart", "client-kill")
+EXPLAINS = ("kill-main", "kill-many", "kill-child", "freeze", "redis-restart", "failover",
+            "client-kill")  # fmt: skip
 
 
 @dataclass
@@ -66,9 +103,11 @@ def analyse(
     executions: list[Execution],
     faults: list[Fault],
     waiting: dict[str, list[str]] | None = None,
+    windows: list[list[Any]] | None = None,
 ) -> dict[str, Any]:
     """The figures of one stack. ``waiting``: ids the framework still keeps at the end
-    (RQ's scheduled and failed registries), to say where lost tasks are."""
+    (RQ's scheduled and failed registries), to say where lost tasks are; ``windows``: the
+    changes of primary (:func:`failover_windows`; default: the failover faults')."""
     by_task: dict[str, list[Execution]] = defaultdict(list)
     for ex in executions:
         by_task[ex.task_id].append(ex)
@@ -78,13 +117,19 @@ def analyse(
     lost = sorted(set(pub) - completed)
     dups = sorted(t for t, ends in completions.items() if len(ends) > 1)
 
+    if windows is None:
+        windows = failover_windows(faults, [], 0.0)
+    # A failover nobody planned hits every worker too (acks the old primary took are gone).
+    explaining = faults + [
+        Fault("failover", w[0], w[1], detail={"unplanned": True}) for w in windows if not w[2]
+    ]
     dup_at_fault: Counter[str] = Counter()  # by the strongest fault kind that explains it
     dup_publish: list[str] = []
     dup_breach: list[dict[str, Any]] = []
     dup_detail: list[dict[str, Any]] = []
     for t in dups:
         hit = sorted(
-            {(EXPLAINS.index(f.kind), f.kind, round(f.t, 3)) for f in faults
+            {(EXPLAINS.index(f.kind), f.kind, round(f.t, 3)) for f in explaining
              for ex in by_task[t] if _hits(f, ex, pub.get(t))}
         )  # fmt: skip
         detail = {
@@ -121,6 +166,12 @@ def analyse(
             else:
                 unrecovered.append({"fault": f.kind, "t": f.t, "task": task_id})
 
+    lost_failover = [
+        t for t in lost if t in pub and any(w[0] <= pub[t].t <= w[1] for w in windows)
+    ]  # fmt: skip
+    lost_unplanned = [
+        t for t in lost_failover if not any(w[2] and w[0] <= pub[t].t <= w[1] for w in windows)
+    ]  # fmt: skip
     faults_by_kind = Counter(f.kind for f in faults)
     unverified = [f.kind for f in faults if not f.verified]
     starts = Counter(e.task_id for e in executions)
@@ -132,6 +183,11 @@ def analyse(
         "lost": len(lost),
         "lost_ids": lost[:200],
         "lost_never_started": sum(1 for t in lost if t not in by_task),
+        "lost_at_failover": len(lost_failover),
+        "lost_at_failover_ids": lost_failover[:200],
+        "lost_at_unplanned_failover": len(lost_unplanned),
+        "failovers_unplanned": sum(1 for w in windows if not w[2]),
+        "failover_windows": windows,
         "lost_where": {name: len(set(ids) & set(lost)) for name, ids in (waiting or {}).items()},
         "duplicated": len(dups),
         "dup_at_fault": sum(dup_at_fault.values()),
@@ -156,4 +212,5 @@ def analyse(
         "ack_grace_s": ACK_GRACE_S,
         "hold_grace_s": HOLD_GRACE_S,
         "freeze_backlog_s": FREEZE_BACKLOG_S,
+        "failover_loss_window_s": FAILOVER_LOSS_WINDOW_S,
     }

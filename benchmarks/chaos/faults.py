@@ -12,7 +12,13 @@ Kinds:
 * ``redis-restart``: the broker redis-server stopped (SIGKILL or ``SHUTDOWN NOSAVE``) and
   started again on the same port and directory (AOF, ``appendfsync always``);
 * ``freeze``: SIGSTOP of one worker (every process of it) for 1.5 x the lease + 1 s, then
-  SIGCONT.
+  SIGCONT;
+* ``failover`` (``--broker sentinel`` or ``cluster`` only): SIGKILL of the primary (Sentinel)
+  or of the master that owns the queue's slot (cluster), then its replica's promotion; the
+  killed server is started again as a replica of the new primary.
+
+``redis-restart`` is a fault of the single broker only (the replicated topologies keep
+nothing on disk: a restarted primary would come back empty; ``failover`` is their outage).
 """
 
 from __future__ import annotations
@@ -29,14 +35,44 @@ import redis
 
 from . import procs
 from .ledger import LedgerReader
-from .servers import BrokerServer
+from .servers import Broker
 from .stacks import HARNESS_CLIENT, Stack, WorkerProc
 
+#: The single broker's kinds (the default; the published tables' seeded schedules).
 KINDS = ("kill-main", "kill-child", "kill-many", "client-kill", "redis-restart", "freeze")
+ALL_KINDS = (*KINDS, "failover")
+#: The default kinds of the replicated topologies: failover in place of redis-restart.
+REPLICATED_KINDS = ("kill-main", "kill-child", "kill-many", "client-kill", "freeze", "failover")
 KILLS = ("kill-main", "kill-child", "kill-many")
 WEIGHTS = {"kill-main": 3, "kill-child": 3, "kill-many": 1, "client-kill": 2,
-           "redis-restart": 1, "freeze": 2}  # fmt: skip
-GLOBAL = ("client-kill", "redis-restart")  # faults that hit every worker
+           "redis-restart": 1, "freeze": 2, "failover": 2}  # fmt: skip
+GLOBAL = ("client-kill", "redis-restart", "failover")  # faults that hit every worker
+
+
+def default_kinds(broker: str) -> tuple[str, ...]:
+    return KINDS if broker == "single" else REPLICATED_KINDS
+
+
+def check_kinds(kinds: Sequence[str], broker: str) -> None:
+    """Refuse kinds the broker topology cannot have.
+
+    Raises:
+        ValueError: Naming the kind and what to use instead.
+    """
+    unknown = set(kinds) - set(ALL_KINDS)
+    if unknown:
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
+    if broker == "single" and "failover" in kinds:
+        raise ValueError(
+            "the failover fault needs replicas: run it with --broker sentinel or --broker "
+            "cluster (the single broker has none to promote)"
+        )
+    if broker != "single" and "redis-restart" in kinds:
+        raise ValueError(
+            f"redis-restart is a fault of --broker single only: the {broker} broker's servers "
+            "keep nothing on disk, so a restarted primary would come back empty; its outage "
+            "is the failover fault"
+        )
 
 
 @dataclass
@@ -52,9 +88,9 @@ def make_schedule(
 ) -> list[PlannedFault]:
     """Faults every ``every_s`` seconds (+-30 % jitter) over ``duration_s``. The first ones
     are one of each kind in a seeded order (so a short run sees every kind); then weighted."""
-    unknown = set(kinds) - set(KINDS)
+    unknown = set(kinds) - set(ALL_KINDS)
     if unknown:
-        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(KINDS)}")
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(ALL_KINDS)}")
     rng = random.Random(seed)
     first = list(kinds)
     rng.shuffle(first)
@@ -93,7 +129,7 @@ class Fault:
 class Injector:
     """Carries out planned faults against a stack's live workers."""
 
-    def __init__(self, stack: Stack, broker: BrokerServer, ledger: LedgerReader,
+    def __init__(self, stack: Stack, broker: Broker, ledger: LedgerReader,
                  freeze_s: float) -> None:  # fmt: skip
         self.stack = stack
         self.broker = broker
@@ -179,17 +215,21 @@ class Injector:
         return f
 
     def _client_kill(self, plan: PlannedFault, live: list[WorkerProc]) -> Fault:
-        admin = redis.Redis(port=self.broker.port, client_name=f"{HARNESS_CLIENT}-admin")
-        try:
-            clients = admin.client_list()
-            victims = [c for c in clients if not str(c.get("name", "")).startswith(HARNESS_CLIENT)]
-            t = time.time()
-            killed = 0
-            for c in victims:
-                with contextlib.suppress(redis.ResponseError):  # it went away by itself
-                    killed += int(admin.client_kill_filter(_id=c["id"]))
-        finally:
-            admin.close()
+        victims: list[dict[str, Any]] = []
+        killed = 0
+        t = time.time()
+        for port in self.broker.data_ports():  # every data server (a worker's replica reads)
+            admin = redis.Redis(port=port, client_name=f"{HARNESS_CLIENT}-admin")
+            try:
+                found = [c for c in admin.client_list() if _worker_client(c)]
+                victims += found
+                for c in found:
+                    with contextlib.suppress(redis.ResponseError):  # it went away by itself
+                        killed += int(admin.client_kill_filter(_id=c["id"]))
+            except redis.ConnectionError:  # a replica restarting after a failover
+                pass
+            finally:
+                admin.close()
         pids = [p for w in live for p in w.tree()]
         f = Fault("client-kill", t, t, [w.name for w in live], pids, [],
                   self.in_flight(None, t))  # fmt: skip
@@ -209,6 +249,16 @@ class Injector:
         f = Fault("redis-restart", t, time.time(), [w.name for w in live], pids, [], in_flight)
         f.detail = detail
         f.verified = bool(detail["verified"])
+        return f
+
+    def _failover(self, plan: PlannedFault, live: list[WorkerProc]) -> Fault:
+        pids = [p for w in live for p in w.tree()]
+        t = time.time()
+        in_flight = self.in_flight(None, t)
+        detail = self.broker.failover(self.stack.cfg.queue)
+        f = Fault("failover", t, time.time(), [w.name for w in live], pids, [], in_flight)
+        f.detail = detail
+        f.verified = bool(detail.get("verified"))
         return f
 
     def _freeze(self, plan: PlannedFault, live: list[WorkerProc]) -> Fault:
@@ -236,6 +286,15 @@ class Injector:
             else:
                 keep.append((f, pids))
         self.frozen = keep
+
+
+def _worker_client(c: dict[str, Any]) -> bool:
+    """A connection of a worker (not the harness's own, not a sentinel's, not replication)."""
+    name = str(c.get("name") or "")
+    flags = str(c.get("flags") or "")
+    if name.startswith(HARNESS_CLIENT) or name.startswith("sentinel-"):
+        return False
+    return "S" not in flags and "M" not in flags
 
 
 def _wait_dead(pids: list[int], timeout: float) -> bool:

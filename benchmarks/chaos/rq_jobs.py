@@ -1,6 +1,7 @@
 """The RQ side of the chaos workers: the job function and the belayq queue/worker classes
 (``rq worker -w benchmarks.chaos.rq_jobs.ChaosWorker``), configured from the environment
-the harness sets (``CHAOS_LEASE_MS``, ``CHAOS_SWEEP_MS``, ``CHAOS_MAX_DELIVERIES``)."""
+the harness sets (``CHAOS_LEASE_MS``, ``CHAOS_SWEEP_MS``, ``CHAOS_MAX_DELIVERIES``,
+``CHAOS_WAIT_REPLICAS``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ class ChaosQueue(belayq_rq.Queue):
     max_deliveries = int(_env("CHAOS_MAX_DELIVERIES", "50"))
     belayq_options: ClassVar[Mapping[str, Any]] = {
         "sweep_interval_ms": int(_env("CHAOS_SWEEP_MS", "500")),
+        "wait_replicas": int(_env("CHAOS_WAIT_REPLICAS", "0")),
     }
 
 

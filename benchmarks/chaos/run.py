@@ -17,10 +17,10 @@ import redis
 from kombu.exceptions import OperationalError
 
 from . import procs
-from .analysis import Published, analyse
-from .faults import Fault, Injector, PlannedFault, make_schedule
+from .analysis import Published, analyse, failover_windows
+from .faults import Fault, Injector, PlannedFault, default_kinds, make_schedule
 from .ledger import Execution, LedgerReader
-from .servers import BrokerServer, LedgerServer
+from .servers import SENTINEL_DOWN_AFTER_MS, LedgerServer, make_broker
 from .stacks import HARNESS_CLIENT, StackConfig, WorkerProc, make_stack
 
 log = logging.getLogger("chaos")
@@ -46,6 +46,8 @@ class RunConfig:
     drain_timeout_s: float = 300.0
     drain_stall_s: float = 180.0
     ready_timeout_s: float = 120.0
+    broker: str = "single"  # single | sentinel | cluster
+    wait_replicas: int = 0  # belayq stacks: publishes and settles wait for this many replicas
     logdir: Path = field(default_factory=lambda: Path("/tmp/belayq-chaos"))
 
     @property
@@ -85,19 +87,20 @@ def workload(cfg: RunConfig) -> list[tuple[float, Published]]:
 def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None = None,
               progress: bool = True) -> dict[str, Any]:  # fmt: skip
     """Run ``stack_name`` once with its own broker and ledger servers; return the figures."""
-    plan = plan if plan is not None else make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s)
+    if plan is None:
+        plan = make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s, default_kinds(cfg.broker))
     run_id = f"{stack_name}-{uuid.uuid4().hex[:8]}"
     logdir = cfg.logdir / run_id
     logdir.mkdir(parents=True, exist_ok=True)
     t_wall = time.time()
-    broker = BrokerServer()
-    with broker, LedgerServer() as ledger_server:
+    with make_broker(cfg.broker) as broker, LedgerServer() as ledger_server:
         ledger_client = redis.Redis(port=ledger_server.port, client_name=HARNESS_CLIENT)
         ledger = LedgerReader(ledger_client, run_id)
         scfg = StackConfig(
-            broker_port=broker.port, ledger_url=ledger_server.url, run=run_id, logdir=logdir,
+            broker=broker.spec(), ledger_url=ledger_server.url, run=run_id, logdir=logdir,
             lease_s=cfg.lease_s, sweep_s=cfg.sweep_s, max_deliveries=cfg.max_deliveries,
             workers=cfg.workers, concurrency=cfg.concurrency, long_task_s=cfg.long_task_s,
+            wait_replicas=cfg.wait_replicas,
         )  # fmt: skip
         stack = make_stack(stack_name, scfg)
         injector = Injector(stack, broker, ledger, cfg.freeze_s)
@@ -116,7 +119,9 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
             stack.close()
         executions = ledger.executions()
         ledger_client.close()
-        broker_log = (broker.dir / "redis.log").read_text(errors="replace")[-4000:]
+        broker_log = broker.log_tail()
+        broker.save_logs(logdir)
+        switches = broker.switches()
     published = result.pop("published")
     # The raw material, so a run can be analysed again (``--reanalyse``).
     (logdir / "ledger.json").write_text(json.dumps({
@@ -124,10 +129,13 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
         "executions": [asdict(e) for e in executions],
         "waiting": waiting,
     }))  # fmt: skip
-    figures = analyse(published, executions, faults, waiting)
+    windows = failover_windows(faults, switches, SENTINEL_DOWN_AFTER_MS / 1000)
+    figures = analyse(published, executions, faults, waiting, windows)
     figures.update(result)
     figures.update({
         "stack": stack_name,
+        "broker": cfg.broker,
+        "wait_replicas": cfg.wait_replicas,
         "run": run_id,
         "logdir": str(logdir),
         "wall_s": round(time.time() - t_wall, 1),
@@ -137,6 +145,7 @@ def run_stack(stack_name: str, cfg: RunConfig, plan: list[PlannedFault] | None =
         "worker_events": events,
         "workers_started": len(stack.started),
         "fault_log": [f.to_json() for f in faults],
+        "primary_switches": switches,
         "broker_log_tail": broker_log,
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
     })  # fmt: skip
@@ -152,7 +161,10 @@ def reanalyse(logdir: Path) -> dict[str, Any]:
     published = [Published(**p) for p in raw["published"]]
     executions = [Execution(**e) for e in raw["executions"]]
     faults = [Fault(**f) for f in figures["fault_log"]]
-    figures.update(analyse(published, executions, faults, raw["waiting"]))
+    windows = failover_windows(
+        faults, figures.get("primary_switches", []), SENTINEL_DOWN_AFTER_MS / 1000
+    )
+    figures.update(analyse(published, executions, faults, raw["waiting"], windows))
     return figures
 
 
@@ -268,7 +280,7 @@ def _publish(stack: Any, p: Published) -> None:
             return
         except (redis.RedisError, OSError, OperationalError) as exc:
             p.publish_errors += 1
-            log.warning("publish %s failed (%r), retrying", p.task_id, exc)
+            log.warning("publish %s failed (%s: %s), retrying", p.task_id, type(exc).__name__, exc)
             time.sleep(min(0.1 * (attempt + 1), 1.0))
     raise RuntimeError(f"could not publish {p.task_id}")
 

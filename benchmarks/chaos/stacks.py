@@ -18,6 +18,7 @@ from typing import Any
 import redis
 
 from . import procs
+from .servers import BrokerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RQ_BIN = str(Path(sys.executable).with_name("rq"))
@@ -36,7 +37,7 @@ HARNESS_CLIENT = "chaos-harness"  # client-name prefix of the harness's own conn
 class StackConfig:
     """What one stack runs with (the same for every stack of a comparison)."""
 
-    broker_port: int
+    broker: BrokerSpec
     ledger_url: str
     run: str
     logdir: Path
@@ -46,6 +47,7 @@ class StackConfig:
     workers: int
     concurrency: int
     long_task_s: float
+    wait_replicas: int = 0
     queue: str = field(default_factory=lambda: f"chaos-{uuid.uuid4().hex[:8]}")
 
 
@@ -79,6 +81,10 @@ class WorkerProc:
         return self.log.read_text(errors="replace")
 
 
+class Unsupported(Exception):
+    """This stack cannot run on this broker topology (or with these options); says why."""
+
+
 class Stack:
     """Base class: one framework + one transport."""
 
@@ -88,12 +94,24 @@ class Stack:
     ready_marker = ""
 
     def __init__(self, cfg: StackConfig) -> None:
+        reason = self.unsupported(cfg)
+        if reason:
+            raise Unsupported(f"{self.name} on --broker {cfg.broker.kind}: {reason}")
         self.cfg = cfg
         self.started: list[WorkerProc] = []
 
+    @classmethod
+    def unsupported(cls, cfg: StackConfig) -> str | None:
+        """Why this stack cannot run with ``cfg`` (None: it can)."""
+        return None
+
     @property
     def broker_url(self) -> str:
-        return f"redis://127.0.0.1:{self.cfg.broker_port}/0"
+        return f"redis://127.0.0.1:{self.cfg.broker.port}/0"
+
+    def admin_client(self, name: str, **kwargs: Any) -> Any:
+        """A client of the broker (the current primary) named ``chaos-harness-<name>``."""
+        return self.cfg.broker.client(f"{HARNESS_CLIENT}-{name}", **kwargs)
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -109,6 +127,9 @@ class Stack:
             CHAOS_SWEEP_S=str(self.cfg.sweep_s),
             CHAOS_SWEEP_MS=str(round(self.cfg.sweep_s * 1000)),
             CHAOS_MAX_DELIVERIES=str(self.cfg.max_deliveries),
+            CHAOS_WAIT_REPLICAS=str(self.cfg.wait_replicas),
+            CHAOS_MASTER_NAME=self.cfg.broker.service_name,
+            CHAOS_SENTINELS=",".join(f"{h}:{p}" for h, p in self.cfg.broker.sentinels),
         )
         for name in ("RQ_QUEUE_CLASS", "RQ_WORKER_CLASS", "PYTEST_CURRENT_TEST"):
             env.pop(name, None)
@@ -152,6 +173,22 @@ class Stack:
         pass
 
 
+def belayq_scheme(kind: str) -> str | None:
+    """The ``belayq`` URL scheme for a ``sentinel`` or ``cluster`` broker, if belayq_kombu
+    registers one (``belayq+sentinel`` / ``belayq+cluster``); None while it does not."""
+    import belayq_kombu
+
+    scheme = f"belayq+{kind}"
+    return scheme if scheme in getattr(belayq_kombu, "ALIASES", {}) else None
+
+
+def kombu_wait_replicas() -> bool:
+    """Whether ``belayq://`` takes a ``wait_replicas`` transport option yet."""
+    from belayq_kombu import options
+
+    return "wait_replicas" in options.known_options()
+
+
 class CeleryStack(Stack):
     framework = "celery"
     ready_marker = " ready."
@@ -161,14 +198,18 @@ class CeleryStack(Stack):
         from .celery_app import make_app
 
         self.app = make_app(
-            self.celery_broker, cfg.queue, cfg.lease_s, cfg.sweep_s, cfg.max_deliveries
-        )
+            self.celery_broker, cfg.queue, cfg.lease_s, cfg.sweep_s, cfg.max_deliveries,
+            master_name=cfg.broker.service_name, wait_replicas=cfg.wait_replicas,
+        )  # fmt: skip
         opts = dict(self.app.conf.broker_transport_options)
         opts["client_name"] = f"{HARNESS_CLIENT}-producer"
         self.app.conf.broker_transport_options = opts
 
     @property
     def celery_broker(self) -> str:
+        b = self.cfg.broker
+        if b.kind == "sentinel":
+            return ";".join(f"sentinel://{h}:{p}" for h, p in b.sentinels)
         return self.broker_url
 
     def env(self) -> dict[str, str]:
@@ -198,9 +239,26 @@ class CeleryBelayq(CeleryStack):
     name = "celery-belayq"
     belayq = True
 
+    @classmethod
+    def unsupported(cls, cfg: StackConfig) -> str | None:
+        kind = cfg.broker.kind
+        if kind != "single" and belayq_scheme(kind) is None:
+            return (
+                f"belayq_kombu registers no belayq+{kind}:// URL yet (schemes: "
+                f"{_schemes()}); a belayq:// URL of one server would not follow a failover"
+            )
+        if cfg.wait_replicas and not kombu_wait_replicas():
+            return "belayq:// has no wait_replicas transport option yet"
+        return None
+
     @property
     def celery_broker(self) -> str:
-        return f"belayq://127.0.0.1:{self.cfg.broker_port}/0"
+        b = self.cfg.broker
+        if b.kind == "single":
+            return f"belayq://127.0.0.1:{b.port}/0"
+        scheme = belayq_scheme(b.kind)
+        nodes = b.sentinels if b.kind == "sentinel" else b.cluster_nodes
+        return ";".join(f"{scheme}://{h}:{p}" for h, p in nodes)
 
     def core_stats(self) -> dict[str, Any] | None:
         from kombu.connection import Connection
@@ -208,8 +266,9 @@ class CeleryBelayq(CeleryStack):
         from .celery_app import transport_options
 
         opts = transport_options(
-            self.celery_broker, self.cfg.lease_s, self.cfg.sweep_s, self.cfg.max_deliveries
-        )
+            self.celery_broker, self.cfg.lease_s, self.cfg.sweep_s, self.cfg.max_deliveries,
+            master_name=self.cfg.broker.service_name, wait_replicas=self.cfg.wait_replicas,
+        )  # fmt: skip
         opts["client_name"] = f"{HARNESS_CLIENT}-stats"
         with Connection(self.celery_broker, transport_options=opts) as conn:  # type: ignore[no-untyped-call]
             return dict(conn.default_channel.queue(self.cfg.queue).stats())
@@ -218,12 +277,31 @@ class CeleryBelayq(CeleryStack):
 class CeleryStock(CeleryStack):
     name = "celery-stock"
 
+    @classmethod
+    def unsupported(cls, cfg: StackConfig) -> str | None:
+        if cfg.broker.kind == "cluster":
+            return "kombu's Redis transport does not support Redis Cluster"
+        if cfg.wait_replicas:
+            return "--wait-replicas is a belayq option (the stock transport has none)"
+        return None
+
     def extra_stats(self) -> dict[str, Any]:
-        r = redis.Redis(port=self.cfg.broker_port, client_name=f"{HARNESS_CLIENT}-stats")
+        r = self.admin_client("stats")
         try:
             return {"queue_len": r.llen(self.cfg.queue), "unacked": r.hlen("unacked")}
         finally:
             r.close()
+
+
+def _schemes() -> str:
+    import belayq_kombu
+
+    return ", ".join(belayq_kombu.SCHEMES)
+
+
+#: How long the RQ producer's WAIT after an enqueue waits for the replicas (ms), as
+#: belayq's ``wait_timeout_ms`` default.
+RQ_WAIT_TIMEOUT_MS = 1000
 
 
 class RQStack(Stack):
@@ -231,16 +309,34 @@ class RQStack(Stack):
     ready_marker = "Listening on"
     worker_class = "rq.Worker"
 
+    @classmethod
+    def unsupported(cls, cfg: StackConfig) -> str | None:
+        if cfg.broker.kind == "cluster":
+            # Checked with rq 2.12: an enqueue through a RedisCluster client goes through
+            # (and belayq_rq's core queue works on it), but the worker does not start.
+            return (
+                "RQ's Worker needs a client with a connection_pool (Worker._set_connection "
+                "reads connection.connection_pool.connection_kwargs), which RedisCluster has "
+                "not: `rq worker --connection-class redis.cluster.RedisCluster` exits at start"
+            )
+        return None
+
     def __init__(self, cfg: StackConfig) -> None:
         super().__init__(cfg)
         import rq
 
-        self.conn = redis.Redis(port=cfg.broker_port, client_name=f"{HARNESS_CLIENT}-producer")
+        # A pool of one connection: the WAIT after an enqueue must run on the connection
+        # that wrote it (RQ's pipelines take theirs from the pool).
+        self.conn = self.admin_client("producer", max_connections=1)
         self.queue = rq.Queue(cfg.queue, connection=self.conn)
 
     def worker_cmd(self, name: str) -> list[str]:
+        if self.cfg.broker.kind == "sentinel":
+            where = ["-c", "benchmarks.chaos.rq_settings"]  # SENTINEL = {...} from the env
+        else:
+            where = ["-u", self.broker_url]
         return [
-            RQ_BIN, "worker", "-u", self.broker_url, "-w", self.worker_class, "-n", name,
+            RQ_BIN, "worker", *where, "-w", self.worker_class, "-n", name,
             "--with-scheduler", "--maintenance-interval", str(RQ_MAINTENANCE_S),
             "--worker-ttl", str(RQ_WORKER_TTL_S),
             "--logging_level", "INFO", self.cfg.queue,
@@ -255,6 +351,13 @@ class RQStack(Stack):
             self.queue.enqueue_in(timedelta(seconds=delay_s), func, task_id, seconds, **opts)
         else:
             self.queue.enqueue(func, task_id, seconds, **opts)
+        want = self.cfg.wait_replicas
+        if want:
+            # RQ's enqueue is stock (belayq_rq leaves producers untouched), so the producer
+            # waits for the replicas itself; belayq's wait_replicas covers the settles.
+            got = int(self.conn.wait(want, RQ_WAIT_TIMEOUT_MS))
+            if got < want:
+                raise redis.ConnectionError(f"WAIT {want}: {got} replicas have the enqueue")
 
     def extra_stats(self) -> dict[str, Any]:
         from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
@@ -301,6 +404,12 @@ class RQBelayq(RQStack):
 class RQStock(RQStack):
     name = "rq-stock"
 
+    @classmethod
+    def unsupported(cls, cfg: StackConfig) -> str | None:
+        if cfg.wait_replicas:
+            return "--wait-replicas is a belayq option (stock RQ has none)"
+        return super().unsupported(cfg)
+
 
 def _names(items: Any) -> list[str]:
     return [x.decode() if isinstance(x, bytes) else str(x) for x in items]
@@ -314,3 +423,20 @@ def make_stack(name: str, cfg: StackConfig) -> Stack:
         "rq-stock": RQStock,
     }
     return classes[name](cfg)
+
+
+def unsupported(name: str, broker: str, wait_replicas: int = 0) -> str | None:
+    """Why stack ``name`` cannot run on ``broker`` (a topology) with ``wait_replicas``
+    (None: it can), without starting anything."""
+    cfg = StackConfig(
+        broker=BrokerSpec(broker), ledger_url="", run="", logdir=Path(), lease_s=1, sweep_s=1,
+        max_deliveries=1, workers=1, concurrency=1, long_task_s=1, wait_replicas=wait_replicas,
+    )  # fmt: skip
+    classes: dict[str, type[Stack]] = {
+        "celery-belayq": CeleryBelayq,
+        "celery-stock": CeleryStock,
+        "rq-belayq": RQBelayq,
+        "rq-stock": RQStock,
+    }
+    reason = classes[name].unsupported(cfg)
+    return None if reason is None else f"{name} on --broker {broker}: {reason}"
