@@ -97,10 +97,11 @@ def test_a_kept_job_whose_child_died_before_taking_it_has_failed(worker_state: N
     # dies, billiard neither reports the job lost nor writes it elsewhere.
     cache: dict[int, Any] = {}
     written = Request("written", job(cache, written=True, accepted=False))
-    assert celery_state.keep_written_jobs([written]) == 1
     child = written.job._write_to = Child(alive=True)
+    assert celery_state.keep_written_jobs([written]) == 1
     assert celery_state.job_outcome(written.job) is None  # waits for the busy child
     child.alive = False
+    written.job._write_to = Child(alive=True)  # billiard began it again on a new child
     assert celery_state.job_outcome(written.job) is False  # never runs: release it
     taken = job(cache, written=True, accepted=True)
     taken._write_to, taken._worker_pid = Child(alive=False), 4242

@@ -87,6 +87,7 @@ def keep_written_jobs(requests: Iterable[Any]) -> int:
         job = _written_job(request)
         if job is not None:
             job._accepted = True
+            job._belayq_written_to = job._write_to  # see _lost_in_pipe
             marked += 1
     return marked
 
@@ -128,12 +129,14 @@ def _lost_in_pipe(job: Any) -> bool:
     After a blip Celery's ``pool.flush()`` forgets which children are busy, so the next
     task may be written to the pipe of a child still running a long task; a blip then
     keeps it (:func:`keep_written_jobs` marks it accepted). If that child dies, billiard
-    neither reports the job lost (no child ever accepted it) nor writes it to another
-    child (it is marked accepted): it would stay "running", and its claim leased, forever.
+    never reports the job lost (no child accepted it), and what it does with it next is
+    not to be relied on (seen: begun again on the new child and never finished): it would
+    stay "running", and its claim leased, until ``blip_keep_max``. The child checked is the
+    one the job was written to when it was kept.
     """
     if getattr(job, "_worker_pid", None):
         return False  # a child took it: billiard reports its end, or its loss
-    proc = getattr(job, "_write_to", None)
+    proc = getattr(job, "_belayq_written_to", None) or getattr(job, "_write_to", None)
     is_alive = getattr(proc, "_is_alive", None)
     return callable(is_alive) and not is_alive()
 
