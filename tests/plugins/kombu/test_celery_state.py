@@ -82,6 +82,32 @@ def test_a_written_job_is_kept_by_billiards_flush_and_reports_its_end(worker_sta
     assert celery_state.job_outcome(failed) is False
 
 
+class Child:
+    """What celery_state reads of a billiard pool process."""
+
+    def __init__(self, alive: bool) -> None:
+        self.alive = alive
+
+    def _is_alive(self) -> bool:
+        return self.alive
+
+
+def test_a_kept_job_whose_child_died_before_taking_it_has_failed(worker_state: None) -> None:
+    # Written to a busy child's pipe and kept by a blip (marked accepted): if that child
+    # dies, billiard neither reports the job lost nor writes it elsewhere.
+    cache: dict[int, Any] = {}
+    written = Request("written", job(cache, written=True, accepted=False))
+    child = written.job._write_to = Child(alive=True)
+    assert celery_state.keep_written_jobs([written]) == 1
+    assert celery_state.job_outcome(written.job) is None  # waits for the busy child
+    child.alive = False
+    written.job._write_to = Child(alive=True)  # billiard began it again on a new child
+    assert celery_state.job_outcome(written.job) is False  # never runs: release it
+    taken = job(cache, written=True, accepted=True)
+    taken._write_to, taken._worker_pid = Child(alive=False), 4242
+    assert celery_state.job_outcome(taken) is None  # a child took it: billiard reports it
+
+
 def test_a_revoke_goes_to_the_workers_own_set(worker_state: None) -> None:
     assert celery_state.remember_revoked({"t-revoked"})
     assert "t-revoked" in state.revoked

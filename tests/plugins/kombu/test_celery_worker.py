@@ -219,6 +219,37 @@ def test_a_connection_blip_does_not_rerun_running_tasks(
         assert (stats["acked"], stats["in_flight"], stats["leased"]) == (2, 2, 2), stats
 
 
+def test_a_task_kept_in_the_pipe_of_a_child_that_dies_runs(
+    workers: Callable[..., Worker], celery_env: dict[str, str], records: Records, port: int,
+    kq: str
+) -> None:
+    # A blip makes Celery's pool forget that its child is busy (pool.flush()), so the next
+    # task is written to the pipe of the child still running a long one. A second blip keeps
+    # that written task's claim; the child then dies before reading it. The task never ran:
+    # its claim must be released and the task run, not leased for blip_keep_max (1 h).
+    w = workers("--pool=prefork", "-c", "1", BQ_LEASE="3").wait_ready()
+    mod = app(celery_env, BQ_LEASE="3")
+    client = redis.Redis(port=port)
+    mod.sleeper.delay(0, 8.0)
+    [long] = wait_for(lambda: [r for r in records() if r["ev"] == "start"], 30, "task 0 to start")
+    client.client_kill_filter(_type="normal", skipme=True)
+    wait_for(lambda: "keeping the leases of 1 running task(s)" in w.text(), 10, "a blip")
+    wait_for(lambda: w.text().count("Connected to belayq://") == 2, 10, "the reconnect")
+    mod.sleeper.delay(1, 0.1)
+    wait_for(lambda: w.text().count("sleeper[") == 2, 10, "task 1 to be received")
+    time.sleep(0.3)  # written to the busy child's pipe
+    client.client_kill_filter(_type="normal", skipme=True)
+    wait_for(lambda: "(1 written to a pool child, not yet started)" in w.text(), 10,
+             "a second blip keeping task 1 written")
+    os.kill(long["pid"], signal.SIGKILL)
+    killed = time.time()
+    wait_for(lambda: events(records, "done")[1] == 1, 30, "task 1 to run", step=0.2)
+    print(f"\ntask 1 ran {time.time() - killed:.2f} s after the death of the child it was "
+          "written to")
+    assert events(records, "start")[1] == 1
+    wait_for(lambda: _stats(port, kq)["in_flight"] == 0, 30, "nothing left in flight")
+
+
 def _stats(port: int, name: str) -> dict[str, int]:
     from .test_transport import stats
 

@@ -87,6 +87,7 @@ def keep_written_jobs(requests: Iterable[Any]) -> int:
         job = _written_job(request)
         if job is not None:
             job._accepted = True
+            job._belayq_written_to = job._write_to  # see _lost_in_pipe
             marked += 1
     return marked
 
@@ -105,7 +106,8 @@ def pool_job(request: Any) -> Any:
 
 def job_outcome(job: Any) -> bool | None:
     """Whether a pool job succeeded, once it is done; None while it runs or when nothing
-    can tell.
+    can tell. False too for a job that never ran and never will: written to a child that
+    died before taking it (:func:`_lost_in_pipe`).
 
     Celery up to 5.6 loses the completion of jobs that were running when the broker
     connection was lost: the request stays "active" forever and is never acked. Its pool
@@ -114,9 +116,29 @@ def job_outcome(job: Any) -> bool | None:
     if job is None:
         return None
     try:
-        return bool(job.successful()) if job.ready() else None
+        if job.ready():
+            return bool(job.successful())
+        return False if _lost_in_pipe(job) else None
     except Exception:
         return None
+
+
+def _lost_in_pipe(job: Any) -> bool:
+    """Whether a job not done was written to a pool child that died before accepting it.
+
+    After a blip Celery's ``pool.flush()`` forgets which children are busy, so the next
+    task may be written to the pipe of a child still running a long task; a blip then
+    keeps it (:func:`keep_written_jobs` marks it accepted). If that child dies, billiard
+    never reports the job lost (no child accepted it), and what it does with it next is
+    not to be relied on (seen: begun again on the new child and never finished): it would
+    stay "running", and its claim leased, until ``blip_keep_max``. The child checked is the
+    one the job was written to when it was kept.
+    """
+    if getattr(job, "_worker_pid", None):
+        return False  # a child took it: billiard reports its end, or its loss
+    proc = getattr(job, "_belayq_written_to", None) or getattr(job, "_write_to", None)
+    is_alive = getattr(proc, "_is_alive", None)
+    return callable(is_alive) and not is_alive()
 
 
 def prefetched_waiting() -> int:
