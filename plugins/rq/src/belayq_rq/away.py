@@ -22,6 +22,7 @@ from typing import Any
 import redis
 import rq.worker
 from rq.job import Job
+from rq.utils import utcformat
 
 log = logging.getLogger("belayq_rq")
 
@@ -94,8 +95,6 @@ class SkipsBookkeepingWhileAway(rq.worker.BaseWorker):
             raise
 
     def _birth_is_ours(self) -> bool:
-        from rq.utils import utcformat
-
         assert self.birth_date is not None
         stored = self.connection.hmget(self.key, ["birth", "pid"])
         return [x.decode() if isinstance(x, bytes) else x for x in stored] == [
