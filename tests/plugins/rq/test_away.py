@@ -5,17 +5,21 @@ instead of stopping the worker."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
 import pytest
 import redis
 import rq.worker
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from rq.job import Job, JobStatus
 
 import belayq_rq
-from belayq.embedded import free_port
+from belayq.embedded import RedisServer, free_port
 from belayq_rq.worker import BelayqWorkerMixin
+from tests.conftest import any_binary
 
 from . import jobs
 
@@ -37,11 +41,42 @@ class BirthReplyLostWorker(BelayqWorkerMixin, _LoseTheBirthReply):
 
 
 def test_a_start_that_never_finds_the_server_ends_with_a_clear_message() -> None:
-    conn = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    conn = redis.Redis(port=free_port(), socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
     started = time.monotonic()
     with pytest.raises(redis.ConnectionError, match=r"away for 1 s \(the worker's ttl\)"):
         belayq_rq.SimpleWorker(["q"], connection=conn, worker_ttl=1)
     assert time.monotonic() - started >= 0.5, "gave up without waiting"
+
+
+def test_a_worker_whose_server_is_away_at_its_start_waits_for_it(qname: str) -> None:
+    """Built while the server is up, started (``work``) while it is away: RQ's birth and
+    command channel wait for it, the scheduler starts after them, and the worker works."""
+    server = RedisServer(any_binary()).start()
+    port = server.port
+    # No retries of redis-py's own: the server is away for longer than they last.
+    conn = redis.Redis(port=port, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+    again: list[RedisServer] = []
+    queue = jobs.FastQueue(qname, connection=conn)
+    worker = jobs.FastSimpleWorker([queue], connection=conn)
+    server.stop()
+
+    def come_back() -> None:
+        time.sleep(1.5)
+        again.append(RedisServer(any_binary(), port=port).start())
+        queue.enqueue(jobs.add, 1, 2, job_id="after-the-restart")
+
+    back = threading.Thread(target=come_back)
+    back.start()
+    try:
+        assert worker.work(max_jobs=1, with_scheduler=True)
+        back.join()
+        job = Job.fetch("after-the-restart", connection=conn)
+        assert job.get_status() == JobStatus.FINISHED
+    finally:
+        back.join()
+        conn.close()
+        for s in again:
+            s.stop()
 
 
 def test_its_own_birth_with_a_lost_reply_is_no_other_active_worker(
