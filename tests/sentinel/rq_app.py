@@ -50,3 +50,7 @@ def work(seconds: float, path: str) -> float:
     time.sleep(seconds)
     note(path, "done")
     return seconds
+
+
+class SentinelSimpleWorker(belayq_rq.SimpleWorker):
+    queue_class = SentinelQueue

@@ -148,7 +148,8 @@ def _admit(
             return None
     except Exception as exc:
         _hand_back(core, delivery, f"belayq_rq could not start the job: {exc!r}")
-        if isinstance(exc, ConnectionLost):
+        if isinstance(exc, (ConnectionLost, redis.TimeoutError)):
+            # RQ's dequeue loop retries a ConnectionError; a TimeoutError would stop the worker.
             raise redis.ConnectionError(str(exc)) from exc
         raise
     attach(job, claim)

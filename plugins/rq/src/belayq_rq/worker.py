@@ -16,8 +16,9 @@ What they add to RQ's workers:
 * each maintenance pass first runs belayq's sweep, and spares from RQ's abandoned-job
   cleanup the jobs that the sweep already put back in their queue, and jobs that ended;
 * a server that restarts or fails over stops neither the worker (RQ's own bookkeeping
-  writes are skipped while it is away) nor a job (a run whose end RQ could not record is
-  left to its claim instead of being FAILED by the connection error).
+  writes are skipped while it is away, and a worker that starts then waits for it: see
+  ``away.py``) nor a job (a run whose end RQ could not record is left to its claim instead
+  of being FAILED by the connection error).
 
 :class:`FewerRoundTripsMixin` (opt-in) sends RQ's own bookkeeping repeats once.
 """
