@@ -134,6 +134,12 @@ class BlockingClaim:
         """Whether a reply is already buffered (a select would not report it)."""
         return bool(self.conn.can_read(timeout=0))
 
+    @property
+    def redirected(self) -> bool:
+        """The last reply was a redirection (MOVED/ASK; on a cluster also UNBLOCKED): the
+        queue's slot is served elsewhere now."""
+        return self._redirected
+
     def read(self) -> bytes | None:
         """The BLMOVE's reply: an entry now in the queue's landing zone (pass it to
         :meth:`lease`), or None (timed out, or redirected by a cluster mid-resharding: the

@@ -4,7 +4,7 @@ Every command and script the channel sends touches one slot:
 
 * a kombu queue's lists are named inside a hash tag (``{celery}``, ``{celery}\\x06\\x163``
   ..., :func:`belayq.keys.kombu_cluster_name`), so its priority levels and the core's keys
-  (``{celery}:processing`` ...) share one slot; the core's scripts run there;
+  (all named ``{celery}:...``) share one slot; the core's scripts run there;
 * the binding table of an exchange (``_kombu.binding.<exchange>``) is one set, written with
   single-key commands; kombu >= 5.4's binding expiry (a script over the table and a
   fleet-wide deadline set, two slots) is left out: the table members of an expiring queue

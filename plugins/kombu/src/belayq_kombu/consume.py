@@ -23,8 +23,6 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from belayq.blocking import BlockingClaim
 
 from . import celery_state, options
@@ -81,19 +79,13 @@ class Waiter:
         self.claim.send(timeout)
 
     def read(self) -> bytes | None:
-        """The blocking claim's reply (an entry, or None on timeout or error reply)."""
-        claim = self.claim
-        try:
-            reply = claim.conn.read_response()
-        except redis.ResponseError:  # MOVED, ASK, UNBLOCKED: see follow_slot
-            reply = None
+        """The blocking claim's reply (an entry, or None on timeout or a redirection:
+        MOVED, ASK, UNBLOCKED on a cluster, see follow_slot). A demoted server's answer
+        off a cluster is raised as a connection error: the channel reconnects."""
+        reply = self.claim.read()
+        if self.claim.redirected:
             self.redirected = True
-        except Exception:
-            claim.conn.disconnect()
-            raise
-        finally:
-            claim.sent_at = None
-        return None if reply is None else bytes(reply)
+        return reply
 
     def follow_slot(self) -> None:
         """After a redirect on a cluster (a failover or a resharding moved the queue's

@@ -176,18 +176,17 @@ def refuse_a_replica(client: Any, where: str) -> None:
         redis.ConnectionError: The server is a replica.
         ValueError: The server is a Redis Cluster node.
     """
+    # INFO, not ROLE: the documented ACL users (docs/acl.md) may run INFO, not ROLE.
     try:
-        role = client.role()
-    except redis.ResponseError:  # ROLE not allowed for this user: the writes will tell
-        return
-    try:
+        replication = client.info("replication")
         cluster = client.info("cluster")
-    except redis.ResponseError:
-        cluster = {}
+    except redis.ResponseError:  # INFO not allowed for this user: the writes will tell
+        return
     if str(cluster.get("cluster_enabled", "0")) == "1":
         raise ValueError(f"{where} is a Redis Cluster node: use a belayq+cluster://{where} URL "
                          "(one per node, ';' between them)")
-    kind = role[0].decode() if isinstance(role[0], bytes) else str(role[0])
+    role = replication.get("role", "master")
+    kind = role.decode() if isinstance(role, bytes) else str(role)
     if kind in ("slave", "replica"):
         raise redis.ConnectionError(
             f"{where} serves a replica now (a failover demoted it?); waiting for it to serve "
