@@ -57,8 +57,8 @@ def rows(out: str) -> list[dict[str, Any]]:
 
 def three_queues(client: redis.Redis) -> tuple[ReliableQueue, ReliableQueue, ReliableQueue]:
     own = ReliableQueue(client, "emails", keeper=False, lease_ms=60_000)
-    kombu = ReliableQueue(client, "celery", keeper=False, **kombu_layout("celery"))  # type: ignore[arg-type]
-    rq = ReliableQueue(client, "default", keeper=False, **rq_layout("default"))  # type: ignore[arg-type]
+    kombu = ReliableQueue(client, "celery", keeper=False, **kombu_layout("celery"))
+    rq = ReliableQueue(client, "default", keeper=False, **rq_layout("default"))
     own.publish_many([b"a", b"b"])
     kombu.publish(json.dumps({"headers": {"task": "proj.add", "id": "t-1"},
                               "body": "e30="}).encode())
@@ -183,14 +183,14 @@ def test_the_exporter_serves_prometheus_metrics(client: redis.Redis, url: str) -
         proc.wait()
     metrics = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                for line in body.splitlines() if line.startswith("belayq_")}
-    assert metrics['belayq_acked_total{queue="emails"}'] == 1
-    assert metrics['belayq_published_total{queue="celery"}'] == 1
-    assert metrics['belayq_in_flight{queue="emails"}'] == 1
-    assert metrics['belayq_ready{priority="0",queue="emails"}'] == 1
-    assert 0 <= metrics['belayq_oldest_ready_age_seconds{queue="emails"}'] < 60
-    assert metrics['belayq_ready{priority="0",queue="default"}'] == 1
-    assert 0 <= metrics['belayq_oldest_lease_age_seconds{queue="emails"}'] < 5
-    assert 'belayq_oldest_ready_age_seconds{queue="celery"}' not in metrics  # no time in it
+    assert metrics['belayq_acked_total{kind="belayq",queue="emails"}'] == 1
+    assert metrics['belayq_published_total{kind="kombu",queue="celery"}'] == 1
+    assert metrics['belayq_in_flight{kind="belayq",queue="emails"}'] == 1
+    assert metrics['belayq_ready{kind="belayq",priority="0",queue="emails"}'] == 1
+    assert 0 <= metrics['belayq_oldest_ready_age_seconds{kind="belayq",queue="emails"}'] < 60
+    assert metrics['belayq_ready{kind="rq",priority="0",queue="default"}'] == 1
+    assert 0 <= metrics['belayq_oldest_lease_age_seconds{kind="belayq",queue="emails"}'] < 5
+    assert 'belayq_oldest_ready_age_seconds{kind="kombu",queue="celery"}' not in metrics  # no time in it
 
 
 def test_the_entry_point_is_installed() -> None:

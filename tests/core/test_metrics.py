@@ -50,7 +50,7 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         if not family.name.startswith("belayq_"):
             continue
         for s in family.samples:
-            assert set(s.labels) <= {"queue", "priority"}, s
+            assert set(s.labels) <= {"kind", "queue", "priority"}, s
             if family.type == "counter":
                 assert s.name == family.name + "_total" or s.name.endswith("_created"), s
             else:
@@ -68,18 +68,17 @@ def test_metrics_move_through_a_kill_9(client: redis.Redis, private_redis: Redis
     port = free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "belayq", "exporter", "--url", f"redis://127.0.0.1:"
-         f"{private_redis.port}/0", "orders", "--port", str(port),
-         "--lease-ms", str(LEASE_MS)],
+         f"{private_redis.port}/0", "orders", "--port", str(port)],
         env=env, stdout=subprocess.PIPE, text=True)
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(private_redis.port)],
                                 env=env, stdout=subprocess.PIPE, text=True)
-    orders = (("queue", "orders"),)
+    orders = (("kind", "belayq"), ("queue", "orders"))
     try:
         assert consumer.stdout is not None and consumer.stdout.readline().strip() == "5"
         assert exporter.stdout is not None and "exporter on" in exporter.stdout.readline()
         m = wait_for(lambda: _try(scrape, port), 20, "the first scrape")
         assert m[("belayq_in_flight", orders)] == 5
-        assert m[("belayq_ready", (("priority", "0"), *orders))] == 3
+        assert m[("belayq_ready", (("kind", "belayq"), ("priority", "0"), ("queue", "orders")))] == 3
         assert m[("belayq_claimed_total", orders)] == 5
         assert m[("belayq_reclaimed_total", orders)] == 0
         time.sleep(LEASE_MS * 2 / 1000)  # the keeper renews: the leases stay young
@@ -96,7 +95,7 @@ def test_metrics_move_through_a_kill_9(client: redis.Redis, private_redis: Redis
         m = scrape(port)
         assert m[("belayq_in_flight", orders)] == 0
         assert m[("belayq_reclaimed_total", orders)] == 5
-        assert m[("belayq_ready", (("priority", "0"), *orders))] == 8
+        assert m[("belayq_ready", (("kind", "belayq"), ("priority", "0"), ("queue", "orders")))] == 8
         assert ("belayq_oldest_lease_age_seconds", orders) not in m
         assert 0 <= m[("belayq_oldest_ready_age_seconds", orders)] < 60
     finally:

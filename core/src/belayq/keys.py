@@ -13,7 +13,6 @@ whole or fails whole), and a queue holds a fixed number of keys however many mes
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
@@ -201,23 +200,44 @@ def kombu_layout(
         name = kombu_cluster_name(name)
     lists = [keyprefix + name] + [f"{keyprefix}{name}{sep}{s}" for s in steps[1:]]
     return {"ready_key": lists[0], "level_keys": lists[1:], "priority_steps": tuple(steps),
-            "payload_in_list": True}
+            "payload_in_list": True, "kind": "kombu"}
 
 
 def rq_layout(name: str) -> dict[str, object]:
     """The ReliableQueue arguments of RQ queue ``name`` as ``belayq_rq`` lays it out: RQ's
     ``rq:queue:NAME`` holds the job ids, pushed right, claimed from the left."""
-    return {"ready_key": f"rq:queue:{name}", "payload_in_list": True, "ready_head": "left"}
+    return {"ready_key": f"{RQ_QUEUE_PREFIX}{name}", "payload_in_list": True,
+            "ready_head": "left", "kind": "rq"}
 
 
-def stats_key_kinds(prefix: str = "belayq") -> tuple[tuple[str, str, str], ...]:
-    """(kind, glob, regex) of the stats key of each kind of queue, for listing queues: a
-    queue belayq owns, an RQ queue, a kombu queue (or another adopted list)."""
-    return (
-        ("belayq", f"{prefix}:{{*}}:stats", rf"^{re.escape(prefix)}:\{{(.+)\}}:stats$"),
-        ("rq", "{rq:queue:*}:stats", r"^\{rq:queue:(.+)\}:stats$"),
-        ("kombu", "{*}:stats", r"^\{(.+)\}:stats$"),
-    )
+#: RQ's own list of its queues: a set of their list names (``rq:queue:NAME``).
+RQ_QUEUES = "rq:queues"
+
+#: The prefix of RQ's queue lists.
+RQ_QUEUE_PREFIX = "rq:queue:"
+
+
+def rq_queue_name(list_name: str) -> str | None:
+    """The RQ queue whose list is ``list_name`` (a member of :data:`RQ_QUEUES`), or None."""
+    return list_name[len(RQ_QUEUE_PREFIX):] if list_name.startswith(RQ_QUEUE_PREFIX) else None
+
+
+def kombu_binding_key(exchange: str, keyprefix: str = "") -> str:
+    """kombu's binding table of ``exchange`` (a set of ``routing_key SEP pattern SEP queue``
+    members), as its Redis transport names it."""
+    return f"{keyprefix}_kombu.binding.{exchange}"
+
+
+def kombu_binding_queue(member: str) -> str | None:
+    """The queue a member of a kombu binding table names, or None."""
+    parts = member.split(KOMBU_SEP)
+    return parts[2] if len(parts) == 3 and parts[2] else None
+
+
+def registry_key(prefix: str = "belayq") -> str:
+    """The registry of the queues under ``prefix`` (see :mod:`belayq.registry`): one hash,
+    a field per queue, so listing queues costs O(queues) and never scans the keyspace."""
+    return f"{prefix}:queues"
 
 
 def shard_names(name: str, shards: int) -> tuple[str, ...]:

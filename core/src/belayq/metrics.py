@@ -11,7 +11,8 @@ or run ``belayq exporter --url redis://... --port 9808`` (every queue it finds, 
 named). A scrape costs one stats script and two small reads per queue: O(queues), never
 O(messages).
 
-Metrics (label ``queue``; ``priority`` on ``belayq_ready``):
+Metrics (labels ``kind`` and ``queue``: a queue is named by both, so a Celery queue and a
+belayq queue of the same name are two series; ``priority`` on ``belayq_ready``):
 
 * counters (``_total``): published, claimed, acked, nacked, reclaimed, adopted,
   dead_lettered, stale_acks, lost_claims;
@@ -19,8 +20,11 @@ Metrics (label ``queue``; ``priority`` on ``belayq_ready``):
   ``belayq_oldest_ready_age_seconds`` (queues whose ids carry their publish time: belayq's
   own; not the lists stock producers fill, whose entries carry no time);
   ``belayq_oldest_lease_age_seconds``: the time since the least recently renewed lease was
-  renewed (about the keeper's period while every holder lives; near the lease when one
-  stopped renewing).
+  renewed, against the queue's own recorded lease (about the keeper's period while every
+  holder lives; near the lease when one stopped renewing). A queue whose lease nobody
+  recorded (one only its framework knows) has no lease age.
+
+One series per queue and state: a queue handed to the collector twice is counted once.
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from .models import text as _text
 if TYPE_CHECKING:
     from .queue import ReliableQueue
     from .sharded import AnyQueue
+
+#: The labels of every series: a queue is named by its kind and its name.
+LABELS = ["kind", "queue"]
 
 #: The counters, as the queue's stats hash names them.
 COUNTERS = (
@@ -87,8 +94,17 @@ def server_ms(q: ReliableQueue) -> int:
 class QueueCollector:
     """A prometheus_client collector of the queues ``queues()`` returns at each scrape."""
 
-    def __init__(self, queues: Callable[[], Iterable[AnyQueue]]) -> None:
+    def __init__(self, queues: Callable[[], Iterable[AnyQueue | tuple[Any, AnyQueue]]]) -> None:
         self.queues = queues
+
+    def _each(self) -> list[AnyQueue]:
+        """The queues of this scrape, each (kind, name) once; ``(found, queue)`` pairs (as the
+        exporter lists them) are taken for their queue."""
+        out: dict[tuple[str, str], AnyQueue] = {}
+        for item in self.queues():
+            q = item[1] if isinstance(item, tuple) else item
+            out.setdefault((q.kind, q.name), q)
+        return list(out.values())
 
     def describe(self) -> list[Any]:
         return []  # unchecked collector: the queues may change between scrapes
@@ -98,13 +114,13 @@ class QueueCollector:
 
         counters = {
             name: CounterMetricFamily(f"belayq_{name}", f"Messages {name.replace('_', ' ')}",
-                                      labels=["queue"])
+                                      labels=LABELS)
             for name in COUNTERS
         }
         ready = GaugeMetricFamily("belayq_ready", "Messages waiting, by priority level",
-                                  labels=["queue", "priority"])
+                                  labels=[*LABELS, "priority"])
         gauges = {
-            name: GaugeMetricFamily(f"belayq_{name}", help_text, labels=["queue"])
+            name: GaugeMetricFamily(f"belayq_{name}", help_text, labels=LABELS)
             for name, help_text in (
                 ("in_flight", "Messages claimed and not settled (leases held)"),
                 ("delayed", "Messages waiting for their due time"),
@@ -116,19 +132,22 @@ class QueueCollector:
         }
         from .sharded import parts_of
 
-        for q in self.queues():
+        for q in self._each():
+            labels = [q.kind, q.name]
             stats = q.stats()
             for name, family in counters.items():
-                family.add_metric([q.name], float(stats.get(name, 0)))
+                family.add_metric(labels, float(stats.get(name, 0)))
             for step, count in zip(q.config.priority_steps, q.ready_by_level(), strict=True):
-                ready.add_metric([q.name, str(step)], float(count))
+                ready.add_metric([*labels, str(step)], float(count))
             for name in ("in_flight", "delayed", "dead"):
-                gauges[name].add_metric([q.name], float(stats[name]))
-            for name, of in (("oldest_ready_age_seconds", oldest_ready_age_s),
-                             ("oldest_lease_age_seconds", oldest_lease_age_s)):
+                gauges[name].add_metric(labels, float(stats[name]))
+            ages_of = [("oldest_ready_age_seconds", oldest_ready_age_s)]
+            if q.limits_known:
+                ages_of.append(("oldest_lease_age_seconds", oldest_lease_age_s))
+            for name, of in ages_of:
                 ages = [age for p in parts_of(q) if (age := of(p, server_ms(p))) is not None]
                 if ages:  # the oldest over a sharded queue's shards
-                    gauges[name].add_metric([q.name], max(ages))
+                    gauges[name].add_metric(labels, max(ages))
         yield from counters.values()
         yield ready
         yield from gauges.values()

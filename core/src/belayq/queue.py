@@ -30,6 +30,7 @@ from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
 from .models import Delivery, SweepResult
 from .publishing import Publishing
+from .registry import LIMIT_FIELDS, QueueRecord, Registry, check_kind, record_of
 from .scripts import Arg, ScriptRunner
 from .settling import Settling
 
@@ -62,16 +63,28 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         ready_key: Use this existing list as the ready list (stock producers push to it).
         level_keys: With ``ready_key``: the ready lists of the lower priority levels.
         keeper: Whether claims register with the process's lease keeper thread.
+        kind: Who lays the queue out: ``"belayq"`` for the queues belayq owns; the adapters
+            name theirs (``"kombu"``, ``"rq"``).
+        record: Record the queue in the registry (:mod:`belayq.registry`) and take the
+            limits other processes named (``lease_ms``, ``max_deliveries``,
+            ``dead_letter_max``, ``exhausted``) where this one names none. False for tools,
+            which open a queue as recorded and write nothing.
         **options: Fields of :class:`~belayq.config.QueueConfig` (``lease_ms``,
             ``max_deliveries``, ...).
 
     Raises:
-        ConfigError: An unknown or invalid option, or a client that decodes responses.
+        ConfigError: An unknown or invalid option, a client that decodes responses, or a
+            layout other than the one the queue is recorded with.
         CrossSlot: On a cluster, keys that would land on more than one slot.
         RedisTooOld: The server is older than Redis 6.2.
         SchemaMismatch: The queue's keys were written by another schema version.
         ConnectionLost: Redis cannot be reached.
     """
+
+    #: False when a tool opened a queue whose limits no process recorded (a queue only its
+    #: framework knows): lease ages and the recovery pass would be guesses, so they are not
+    #: shown or run.
+    limits_known: bool = True
 
     def __init__(
         self,
@@ -81,6 +94,8 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         ready_key: str | None = None,
         level_keys: Sequence[str] | None = None,
         keeper: bool = True,
+        kind: str = "belayq",
+        record: bool = True,
         **options: Any,
     ) -> None:
         unknown = set(options) - _OPTIONS
@@ -88,6 +103,10 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
             raise ConfigError(
                 f"unknown ReliableQueue option(s) {sorted(unknown)}; valid: {sorted(_OPTIONS)}"
             )
+        self.kind = check_kind(kind)
+        self._record = record
+        self._adopted = ready_key is not None
+        self._named = frozenset(options) & frozenset(LIMIT_FIELDS)
         if ready_key is not None and "priority_steps" not in options:
             options["priority_steps"] = tuple(range(1 + len(level_keys or ())))
         self.config = QueueConfig(**options)
@@ -145,8 +164,27 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
                 f"consumers and run `belayq upgrade` (README: 'Upgrading from "
                 "schema 1')."
             )
+        if self._record:
+            self._adopt(Registry(self.client, self.config.prefix).record(self.record()))
         if self.config.wait_replicas:
             self._scripts.wait_for_replicas(versions)
+
+    def record(self, shards: int = 1) -> QueueRecord:
+        """What the registry keeps of this queue as this object opened it."""
+        return record_of(
+            self.kind, self.name, self.config,
+            ready_key=self.keys.ready if self._adopted else None,
+            level_keys=self.keys.levels[1:] if self._adopted else (), named=self._named,
+            shards=shards,
+        )
+
+    def _adopt(self, recorded: QueueRecord) -> None:
+        """Take the limits other processes named where this one named none."""
+        taken = {f: getattr(recorded, f) for f in recorded.named
+                 if f not in self._named and getattr(recorded, f) != getattr(self.config, f)}
+        if taken:
+            self.config = dataclasses.replace(self.config, **taken)
+            self._scripts.config = self.config
 
     # -- consuming -------------------------------------------------------------------
 

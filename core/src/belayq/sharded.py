@@ -41,6 +41,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys, shard_names
 from .models import Delivery, Published, SweepResult
 from .queue import ReliableQueue
+from .registry import Registry
 from .sharded_admin import ShardedAdmin
 
 T = TypeVar("T")
@@ -59,6 +60,7 @@ class ShardedQueue(ShardedAdmin):
         shards: How many shards, 1..``MAX_SHARDS`` (64). ``shards=1`` is the plain queue
             ``name`` itself, byte for byte.
         keeper: Whether claims register with the lease keeper (one thread per shard).
+        record: Record the logical queue in the registry (see :class:`ReliableQueue`).
         **options: :class:`~belayq.config.QueueConfig` fields, the same for every shard.
 
     Raises:
@@ -67,18 +69,29 @@ class ShardedQueue(ShardedAdmin):
         Others: As :class:`ReliableQueue`.
     """
 
+    #: As :attr:`ReliableQueue.limits_known`.
+    limits_known: bool = True
+
     def __init__(
-        self, client: Any, name: str, *, shards: int, keeper: bool = True, **options: Any
+        self, client: Any, name: str, *, shards: int, keeper: bool = True, record: bool = True,
+        **options: Any,
     ) -> None:
         names = shard_names(name, shards)
         if "ready_key" in options or "level_keys" in options:
             raise ConfigError("a ShardedQueue owns its keys: ready_key/level_keys do not apply")
         self.name = name
         self.client = client
-        parts = [ReliableQueue(client, n, keeper=keeper, **options) for n in names]
+        self.kind = "belayq"
+        parts = [ReliableQueue(client, n, keeper=keeper, record=False, **options) for n in names]
         self.config = parts[0].config
         if shards > 1:
             self._record_count(shards)
+        if record:
+            mine = dataclasses.replace(parts[0].record(shards), name=name)
+            stood = _redis_errors(Registry(client, self.config.prefix).record)(mine)
+            for q in parts:
+                q._adopt(stood)
+            self.config = parts[0].config
         for q in parts:
             q.sharded_as = name
         self.shards: tuple[ReliableQueue, ...] = tuple(parts)

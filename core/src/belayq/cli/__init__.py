@@ -16,9 +16,11 @@
     belayq demo --web [--url ... | --redis-host H --redis-port P] [--visibility-ms 5000]
     belayq upgrade  --url ... QUEUE [--kind kombu|rq]     schema 1 -> 2
 
-A queue is found by name (``--kind auto`` tries belayq's own, then RQ's, then kombu's
-lists). ``--json`` prints machine-readable output. A bad URL or an unknown queue is a
-one-line error and exit status 2; passwords are never printed.
+A queue is one that belayq's registry, RQ (``rq:queues``) or kombu's bindings know, found
+by name (``--kind`` says which kind when a name is taken by several) or listed; nothing is
+ever found by scanning the keyspace, and no other key is taken for a queue. Every tool acts
+on a queue with its recorded configuration. ``--json`` prints machine-readable output. A bad
+URL or an unknown queue is a one-line error and exit status 2; passwords are never printed.
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from typing import Any
 
 import redis
 
-from ..errors import BelayqError
+from ..discovery import KNOWN_KINDS, Found, find, layout_of, list_queues, open_found
+from ..errors import BelayqError, ConfigError
 from ..sharded import AnyQueue, ShardedQueue
 from . import views
-from .targets import KINDS, CliError, Found, connect, list_queues, open_queue, redact, resolve
+from .targets import CliError, connect, kind_filter, redact
 
 #: Replays and purges run in batches of this many, printing their progress.
 BATCH = 1000
@@ -51,11 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("queues", *one, "watch", "exporter"):
         p = sub.add_parser(name)
         p.add_argument("--url", required=True, help="redis://, rediss://, unix://, belayq://")
-        p.add_argument("--kind", choices=("auto", *KINDS), default="auto")
-        p.add_argument("--prefix", default="belayq", help="the key prefix of belayq's queues")
+        p.add_argument("--kind", choices=("auto", *KNOWN_KINDS), default="auto",
+                       help="the kind of queue: belayq's own, Celery's (kombu) or RQ's")
+        p.add_argument("--prefix", default="belayq", help="the key prefix of belayq's queues "
+                       "and registry")
         p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.add_argument("--lease-ms", type=int, help="the lease the queue's consumers use "
-                       "(lease ages are measured against it; default: belayq's 30000)")
         if name in one:
             p.add_argument("queue")
         if name in ("watch", "exporter"):
@@ -79,9 +82,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--host", default="127.0.0.1")
     board = sub.add_parser("dashboard", help="serve the dashboard page")
     board.add_argument("--url", required=True)
-    board.add_argument("--kind", choices=("auto", *KINDS), default="auto")
+    board.add_argument("--kind", choices=("auto", *KNOWN_KINDS), default="auto")
     board.add_argument("--prefix", default="belayq")
-    board.add_argument("--lease-ms", type=int, help="the lease the queues' consumers use")
     board.add_argument("queue", nargs="*", help="default: every queue found")
     demo = sub.add_parser("demo", help="the job-queue demo with its worker pool")
     demo.add_argument("--web", action="store_true", required=True,
@@ -107,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_demo(args)
         client = connect(args.url)
         return COMMANDS[args.command](client, args)
-    except CliError as exc:
+    except (CliError, ConfigError) as exc:
         print(f"belayq {args.command}: {exc}", file=sys.stderr)
         return 2
     except (BelayqError, redis.RedisError) as exc:
@@ -118,8 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
-    found = resolve(client, args.queue, args.kind, prefix=args.prefix)
-    return found, open_queue(client, found, prefix=args.prefix, lease_ms=args.lease_ms)
+    found = find(client, args.queue, args.kind, prefix=args.prefix)
+    return found, open_found(client, found, prefix=args.prefix)
 
 
 def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
@@ -132,14 +134,13 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequenc
 
 def _all(client: redis.Redis, args: argparse.Namespace) -> list[tuple[Found, AnyQueue]]:
     names = getattr(args, "queue", None) or []
-    found = ([resolve(client, n, args.kind, prefix=args.prefix) for n in names]
-             or list_queues(client, args.prefix))
-    return [(f, open_queue(client, f, prefix=args.prefix, lease_ms=args.lease_ms))
-            for f in found]
+    found = ([find(client, n, args.kind, prefix=args.prefix) for n in names]
+             or list_queues(client, args.prefix, kind_filter(args.kind)))
+    return [(f, open_found(client, f, prefix=args.prefix)) for f in found]
 
 
 def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
-    rows = [views.queue_row(f.kind, q) for f, q in _all(client, args)]
+    rows = [views.queue_row(f, q) for f, q in _all(client, args)]
     _emit(args, rows, views.QUEUE_COLUMNS)
     return 0
 
@@ -255,7 +256,7 @@ def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
 def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
     shown = 0
     while True:
-        rows = [views.queue_row(f.kind, q) for f, q in _all(client, args)]
+        rows = [views.queue_row(f, q) for f, q in _all(client, args)]
         if sys.stdout.isatty():
             print("\033[2J\033[H", end="")
         print(time.strftime("%H:%M:%S"), "every", args.interval, "s (Ctrl-C to stop)")
@@ -274,7 +275,7 @@ def cmd_exporter(client: redis.Redis, args: argparse.Namespace) -> int:
             from None
     from ..metrics import QueueCollector
 
-    REGISTRY.register(QueueCollector(lambda: [q for _, q in _all(client, args)]))
+    REGISTRY.register(QueueCollector(lambda: _all(client, args)))
     start_http_server(args.port, addr=args.host)
     print(f"belayq exporter on http://{args.host}:{args.port}/metrics", flush=True)
     while True:
@@ -293,7 +294,7 @@ def _web() -> Any:
 def cmd_dashboard(client: redis.Redis, args: argparse.Namespace) -> int:
     web = _web()
     app = web.create_app(client, queues=args.queue, kind=args.kind, prefix=args.prefix,
-                         lease_ms=args.lease_ms, token=args.token, host=args.host)
+                         token=args.token, host=args.host)
     print(f"belayq dashboard on http://{args.host}:{args.port}/", flush=True)
     web.serve(app, args.host, args.port)
     return 0
@@ -328,10 +329,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_upgrade(client: redis.Redis, args: argparse.Namespace) -> int:
     from ..upgrade import upgrade_schema1
-    from .targets import layout
 
     kind = "belayq" if args.kind == "auto" else args.kind
-    keys = {k: v for k, v in layout(kind, args.queue, prefix=args.prefix).items()
+    keys = {k: v for k, v in layout_of(kind, args.queue, prefix=args.prefix).items()
             if k != "priority_steps"}  # schema 1 had its level lists named the same way
     counts = upgrade_schema1(client, args.queue, **keys)
     print(f"queue {args.queue!r} is at schema 2: {counts['returned']} claim(s) put back, "

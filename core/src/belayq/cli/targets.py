@@ -1,25 +1,15 @@
-"""What the ``belayq`` command works on: a Redis URL (never printed with its password) and
-queues found by name, or listed, whether belayq owns them or adopted Celery's (``belayq://``)
-or RQ's (``belayq_rq``) lists."""
+"""What the ``belayq`` command works on: a Redis URL, never printed with its password (the
+queues it acts on are found by :mod:`belayq.discovery`)."""
 
 from __future__ import annotations
 
-import re
 import urllib.parse
-from dataclasses import dataclass
-from typing import Any
 
 import redis
-
-from ..keys import SHARDS_FIELD, kombu_layout, rq_layout, shard_names, stats_key_kinds
-from ..models import text as _text
-from ..queue import ReliableQueue
-from ..sharded import AnyQueue, ShardedQueue, parts_of, recorded_shards
 
 #: URL schemes the command takes, and the redis-py scheme each one means.
 SCHEMES = {"redis": "redis", "rediss": "rediss", "unix": "unix", "belayq": "redis",
            "belayqs": "rediss"}
-KINDS = ("belayq", "kombu", "rq")
 
 
 class CliError(Exception):
@@ -62,86 +52,6 @@ def connect(url: str) -> redis.Redis:
     return client
 
 
-@dataclass(frozen=True)
-class Found:
-    """A queue the command found: its kind and name."""
-
-    kind: str
-    name: str
-
-
-def layout(kind: str, name: str, *, prefix: str = "belayq",
-           kombu_steps: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """The ReliableQueue arguments of queue ``name`` of ``kind``."""
-    if kind == "kombu":
-        return kombu_layout(name, steps=kombu_steps) if kombu_steps else kombu_layout(name)
-    if kind == "rq":
-        return rq_layout(name)
-    return {"prefix": prefix}
-
-
-def open_queue(client: redis.Redis, found: Found, *, prefix: str = "belayq",
-               lease_ms: int | None = None) -> AnyQueue:
-    """The queue, opened without a lease keeper (the command claims nothing); a sharded
-    queue as its logical queue, with the shard count it recorded. ``lease_ms``: the lease
-    its consumers use (what a lease's age is measured against)."""
-    args = layout(found.kind, found.name, prefix=prefix)
-    if lease_ms is not None:
-        args["lease_ms"] = lease_ms
-    if found.kind == "belayq":
-        shards = recorded_shards(client, found.name, prefix)
-        if shards > 1:
-            return ShardedQueue(client, found.name, shards=shards, keeper=False, **args)
-    return ReliableQueue(client, found.name, keeper=False, **args)
-
-
-def list_queues(client: redis.Redis, prefix: str = "belayq") -> list[Found]:
-    """Every queue whose stats key exists (SCAN: an operator's command, never a hot path),
-    by kind then name. A sharded queue is listed once, by its logical name (its stats key
-    records its shard count); its shards are not listed."""
-    found: dict[tuple[str, str], Found] = {}
-    shard_of: set[str] = set()
-    for kind, glob, pattern in stats_key_kinds(prefix):
-        for key in _scan(client, glob):
-            m = re.match(pattern, _text(key))
-            if m is None:
-                continue
-            schema, shards = client.hmget(key, ["schema", SHARDS_FIELD])
-            name = m.group(1)
-            if kind == "belayq" and shards is not None and int(shards) > 1:
-                shard_of.update(shard_names(name, int(shards)))
-            elif schema is None:
-                continue
-            if kind == "kombu" and name.startswith("rq:queue:"):
-                continue  # an RQ queue's stats key matches kombu's pattern too
-            found.setdefault((kind, name), Found(kind, name))
-    listed = [f for f in found.values() if not (f.kind == "belayq" and f.name in shard_of)]
-    return sorted(listed, key=lambda f: (KINDS.index(f.kind), f.name))
-
-
-def _scan(client: redis.Redis, glob: str) -> list[bytes]:
-    try:
-        return list(client.scan_iter(match=glob, count=1000))
-    except redis.ResponseError as exc:  # renamed away or denied (managed Redis, an ACL)
-        raise CliError(
-            f"cannot list queues: the server refuses SCAN ({exc}); name the queue instead "
-            "(docs/managed-redis.md)"
-        ) from None
-
-
-def resolve(client: redis.Redis, name: str, kind: str = "auto", *,
-            prefix: str = "belayq") -> Found:
-    """The queue called ``name``: of ``kind``, or the first kind under which it exists (a
-    stats key, or a ready list a producer filled).
-
-    Raises:
-        CliError: No queue of that name.
-    """
-    kinds = KINDS if kind == "auto" else (kind,)
-    for k in kinds:
-        q = open_queue(client, Found(k, name), prefix=prefix)
-        if any(client.exists(p.keys.stats) or any(client.exists(level) for level in p.keys.levels)
-               for p in parts_of(q)):
-            return Found(k, name)
-    raise CliError(f"no queue {name!r} ({'any kind' if kind == 'auto' else kind}) on this "
-                   "server: `belayq queues` lists them")
+def kind_filter(kind: str) -> str | None:
+    """The ``--kind`` option as a listing filter (``auto``: every kind)."""
+    return None if kind == "auto" else kind

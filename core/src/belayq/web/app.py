@@ -33,7 +33,8 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from ..cli import views
-from ..cli.targets import KINDS, CliError, Found, list_queues, open_queue, resolve
+from ..cli.targets import CliError, kind_filter
+from ..discovery import Found, find, list_queues, open_found
 from ..errors import BelayqError, ConfigError
 from ..sharded import AnyQueue
 from .demo import DemoPool, PoolSettings
@@ -56,53 +57,55 @@ def is_loopback(host: str) -> bool:
 
 
 class Dashboard:
-    """What the API reads and does: the queues named (or every queue found), opened once."""
+    """What the API reads and does: the queues named (or every queue found), each opened
+    once, as recorded."""
 
     def __init__(self, client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "auto",
-                 prefix: str = "belayq", demo: DemoPool | None = None,
-                 lease_ms: int | None = None) -> None:
+                 prefix: str = "belayq", demo: DemoPool | None = None) -> None:
         self.client = client
-        self.lease_ms = lease_ms
         self.names = list(queues)
         self.kind = kind
         self.prefix = prefix
         self.demo = demo
-        self._open: dict[Found, AnyQueue] = {}
+        self._open: dict[tuple[str, str], tuple[Found, AnyQueue]] = {}
         self._found: tuple[float, list[Found]] | None = None
 
     def found(self) -> list[Found]:
-        """The queues shown, looked up again at most every ``FIND_EVERY_S`` (listing them
-        SCANs the keyspace: not something to do on each 800 ms poll)."""
+        """The queues shown, looked up again at most every ``FIND_EVERY_S``."""
         if self.demo is not None:
-            return [Found("belayq", self.demo.name)]
+            return [Found("belayq", self.demo.name, self.demo.producer.record())]
         now = time.monotonic()
         if self._found is None or now - self._found[0] > FIND_EVERY_S:
             if self.names:
-                found = [resolve(self.client, n, self.kind, prefix=self.prefix)
+                found = [find(self.client, n, self.kind, prefix=self.prefix)
                          for n in self.names]
             else:
-                found = list_queues(self.client, self.prefix)
+                found = list_queues(self.client, self.prefix, kind_filter(self.kind))
             self._found = (now, found)
         return self._found[1]
 
-    def queue(self, kind: str, name: str) -> AnyQueue:
-        if kind not in KINDS:
-            raise CliError(f"unknown kind {kind!r}")
-        found = Found(kind, name)
-        if found not in self._open:
-            if found not in self.found():
+    def queue(self, kind: str, name: str) -> tuple[Found, AnyQueue]:
+        """The queue ``name`` of ``kind`` among those shown.
+
+        Raises:
+            LookupError: No such queue is shown.
+        """
+        key = (kind, name)
+        if key not in self._open:
+            hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
+            if hit is None:
                 self._found = None  # perhaps created since the last look
-            if found not in self.found():
+                hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
+            if hit is None:
                 raise LookupError(f"no queue {name!r} of kind {kind} here")
             if self.demo is not None:
-                self._open[found] = self.demo.producer
+                self._open[key] = (hit, self.demo.producer)
             else:
-                self._open[found] = open_queue(self.client, found, prefix=self.prefix,
-                                               lease_ms=self.lease_ms)
-        return self._open[found]
+                self._open[key] = (hit, open_found(self.client, hit, prefix=self.prefix))
+        return self._open[key]
 
     def overview(self) -> dict[str, Any]:
-        rows = [views.queue_row(f.kind, self.queue(f.kind, f.name)) for f in self.found()]
+        rows = [views.queue_row(*self.queue(f.kind, f.name)) for f in self.found()]
         return {"queues": rows, "demo": self.demo.state() if self.demo else None}
 
     def detail(self, q: AnyQueue) -> dict[str, Any]:
@@ -114,7 +117,7 @@ class Dashboard:
             "stats": q.stats(),
             "ready_by_priority": dict(zip(map(str, q.config.priority_steps),
                                           q.ready_by_level(), strict=True)),
-            "lease_ms": q.config.lease_ms,
+            "lease_ms": q.config.lease_ms if q.limits_known else None,
             "ready": views.ready(q, SHOWN),
             "in_flight": in_flight,
             "delayed": views.delayed(q, SHOWN),
@@ -162,11 +165,10 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "auto",
                prefix: str = "belayq", demo: DemoPool | None = None,
-               lease_ms: int | None = None, token: str | None = None,
-               host: str = "127.0.0.1") -> Starlette:
+               token: str | None = None, host: str = "127.0.0.1") -> Starlette:
     """The dashboard as an ASGI app (serve it with any ASGI server, or :func:`serve`).
-    ``queues``: names (default: every queue found); ``lease_ms``: the lease their consumers
-    use (lease bars are drawn against it).
+    ``queues``: names (default: every queue found). Every queue is shown and acted on with
+    its recorded configuration (lease bars are drawn against its recorded lease).
 
     Raises:
         ConfigError: ``host`` is not a loopback address and no ``token`` is given.
@@ -174,8 +176,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
     if not is_loopback(host) and not token:
         raise ConfigError(f"serving the dashboard on {host} (not loopback) needs a token: "
                           "it can replay and purge")
-    board = Dashboard(client, queues=queues, kind=kind, prefix=prefix, demo=demo,
-                      lease_ms=lease_ms)
+    board = Dashboard(client, queues=queues, kind=kind, prefix=prefix, demo=demo)
 
     def api(fn: Callable[..., Any]) -> Handler:
         async def endpoint(request: Request) -> Response:
@@ -203,7 +204,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         return endpoint
 
     def target(request: Request) -> AnyQueue:
-        return board.queue(request.path_params["kind"], request.path_params["name"])
+        return board.queue(request.path_params["kind"], request.path_params["name"])[1]
 
     def overview(request: Request, body: dict[str, Any]) -> Any:
         return board.overview()
@@ -212,7 +213,12 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         return board.detail(target(request))
 
     def sweep(request: Request, body: dict[str, Any]) -> Any:
-        r = target(request).sweep()
+        found, q = board.queue(request.path_params["kind"], request.path_params["name"])
+        if not found.recorded:
+            raise ConfigError(f"no process has recorded the limits of {found.name!r} (only "
+                              "its framework knows it): its recovery pass is left to its "
+                              "workers")
+        r = q.sweep()
         return {"reclaimed": r.reclaimed, "adopted": r.adopted, "promoted": r.promoted,
                 "dead_lettered": r.dead_lettered}
 

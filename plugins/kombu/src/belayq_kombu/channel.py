@@ -186,7 +186,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     def _new_queue_object(self, name: str, **options: Any) -> ReliableQueue:
         names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
         return ReliableQueue(self.core_client, name, ready_key=names[0], level_keys=names[1:],
-                             **{**self._core_options, **options})
+                             kind="kombu", **{**self._core_options, **options})
 
     # -- publish -----------------------------------------------------------------------
 

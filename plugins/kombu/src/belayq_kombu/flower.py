@@ -44,7 +44,7 @@ def ready_counts(client: Any, names: list[str], options: dict[str, Any]) -> list
     layout = {"steps": steps, "keyprefix": options.get("global_keyprefix", ""),
               "sep": options.get("sep", KOMBU_SEP), "cluster": hasattr(client, "nodes_manager")}
     return [sum(ReliableQueue(client, name, keeper=False,
-                              **kombu_layout(name, **layout)).ready_by_level())  # type: ignore[arg-type]
+                              record=False, **kombu_layout(name, **layout)).ready_by_level())  # type: ignore[arg-type]
             for name in names]
 
 

@@ -92,6 +92,7 @@ def core_for(
                 ready_key=ready_key,
                 payload_in_list=True,
                 ready_head="left",
+                kind="rq",
                 lease_ms=lease_ms,
                 max_deliveries=max_deliveries,
                 exhausted="deliver",

@@ -1,0 +1,235 @@
+"""Finding queues for the tools (``belayq``, the dashboard, the exporter) at O(queues) cost.
+
+A queue is known when one of these says so, and nothing else is ever taken for a queue:
+
+* belayq's registry (:mod:`belayq.registry`): every queue a process opened, with its layout
+  and limits;
+* RQ's own set of its queues (``rq:queues``): an RQ queue no belayq worker has opened yet;
+* kombu's binding tables of the exchanges Celery routes through (the default ``celery``
+  exchange, and those belayq's transport saw bound): a queue only stock producers fill;
+* for a queue asked for by name, the counters of a belayq-owned queue written by a belayq
+  older than the registry.
+
+A queue found only by its framework has no recorded limits: the tools show it, and purge
+it as its framework would, but do not run its recovery pass (which would apply limits of
+their own choosing). Pidbox and reply queues of Celery's remote control are never listed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from .errors import ConfigError
+from .keys import (
+    RQ_QUEUE_PREFIX,
+    RQ_QUEUES,
+    SHARDS_FIELD,
+    QueueKeys,
+    kombu_binding_key,
+    kombu_binding_queue,
+    kombu_layout,
+    rq_layout,
+    rq_queue_name,
+)
+from .models import text as _text
+from .queue import ReliableQueue
+from .registry import QueueRecord, Registry
+from .sharded import AnyQueue, ShardedQueue, recorded_shards
+
+#: The kinds every belayq knows how to lay out without a record.
+KNOWN_KINDS = ("belayq", "kombu", "rq")
+
+#: Celery's default exchange, through which it routes every queue it creates by name.
+KOMBU_DEFAULT_EXCHANGE = "celery"
+
+
+class NoQueue(ConfigError, LookupError):
+    """No queue of that name (and kind) is known here."""
+
+
+@dataclass(frozen=True)
+class Found:
+    """A queue a tool found.
+
+    Attributes:
+        kind: Who lays it out: ``belayq``, ``kombu``, ``rq`` ...
+        name: Its name.
+        record: What the registry keeps of it; None when only its framework knows it (or a
+            belayq older than the registry wrote it).
+    """
+
+    kind: str
+    name: str
+    record: QueueRecord | None = None
+
+    @property
+    def recorded(self) -> bool:
+        """Whether the queue's own limits are known (its recovery pass may be run)."""
+        return self.record is not None
+
+
+def hidden(kind: str, name: str) -> bool:
+    """Whether a queue is left out of listings: Celery's remote-control (pidbox) and reply
+    queues, and its event receivers, which come and go with every command."""
+    return kind == "kombu" and (name.endswith(".pidbox") or name.startswith("celeryev."))
+
+
+def list_queues(client: Any, prefix: str = "belayq", kind: str | None = None) -> list[Found]:
+    """Every known queue (of ``kind``, when given), by kind then name: a sharded queue once,
+    by its logical name.
+
+    Costs one read of the registry, of ``rq:queues`` and of each kombu binding table read
+    (Celery's default exchange and those recorded): O(queues), whatever else the database
+    holds.
+    """
+    found: dict[tuple[str, str], Found] = {}
+    records = Registry(client, prefix).all()
+    for rec in records:
+        found[(rec.kind, rec.name)] = Found(rec.kind, rec.name, rec)
+    if kind in (None, "rq"):
+        for name in _rq_names(client):
+            found.setdefault(("rq", name), Found("rq", name))
+    if kind in (None, "kombu"):
+        for name in _kombu_names(client, records):
+            found.setdefault(("kombu", name), Found("kombu", name))
+    listed = [f for f in found.values()
+              if (kind is None or f.kind == kind) and not hidden(f.kind, f.name)]
+    return sorted(listed, key=lambda f: (_kind_rank(f.kind), f.name))
+
+
+def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq") -> Found:
+    """The queue called ``name`` (of ``kind``, or of whichever kind knows it).
+
+    Raises:
+        NoQueue: No registry, framework or belayq counter knows a queue of that name (a key
+            that merely exists is never taken for a queue).
+        ConfigError: ``kind="auto"`` and queues of that name exist under several kinds.
+    """
+    registry = Registry(client, prefix)
+    records = registry.all()
+    kinds = sorted({*KNOWN_KINDS, *(r.kind for r in records)}, key=_kind_rank)
+    if kind != "auto":
+        kinds = [kind]
+    hits = []
+    for k in kinds:
+        rec = next((r for r in records if r.kind == k and r.name == name), None)
+        if rec is not None:
+            hits.append(Found(k, name, rec))
+        elif _framework_knows(client, k, name, records, prefix):
+            hits.append(Found(k, name))
+    if not hits:
+        where = "any kind" if kind == "auto" else f"kind {kind}"
+        raise NoQueue(f"no queue {name!r} ({where}) is known here: `belayq queues` lists them")
+    if len(hits) > 1:
+        raise ConfigError(f"queues named {name!r} exist as {', '.join(h.kind for h in hits)}: "
+                          "say which with --kind")
+    return hits[0]
+
+
+def open_found(client: Any, found: Found, prefix: str = "belayq") -> AnyQueue:
+    """The queue, opened as recorded, without a lease keeper and writing nothing (tools
+    claim nothing). A queue without a record is opened with its framework's layout and
+    belayq's default limits: show it, purge it, never sweep it (see :attr:`Found.recorded`)."""
+    rec = found.record
+    if rec is None:
+        options = layout_of(found.kind, found.name, prefix)
+        shards = recorded_shards(client, found.name, prefix) if found.kind == "belayq" else 1
+    else:
+        options = rec.options()
+        if rec.ready_key is None:
+            options["prefix"] = prefix
+        shards = rec.shards
+    options.pop("kind", None)
+    q: AnyQueue
+    if shards > 1:
+        q = ShardedQueue(client, found.name, shards=shards, keeper=False, record=False,
+                         **options)
+    else:
+        q = ReliableQueue(client, found.name, keeper=False, kind=found.kind, record=False,
+                          **options)
+    q.limits_known = found.recorded
+    return q
+
+
+def layout_of(kind: str, name: str, prefix: str = "belayq") -> dict[str, Any]:
+    """The :class:`~belayq.ReliableQueue` arguments of queue ``name`` of ``kind`` as its
+    framework lays it out by default (kombu's default priority steps).
+
+    Raises:
+        NoQueue: A kind this belayq cannot lay out without a record.
+    """
+    if kind == "kombu":
+        return kombu_layout(name)
+    if kind == "rq":
+        return rq_layout(name)
+    if kind == "belayq":
+        return {"prefix": prefix}
+    raise NoQueue(f"queues of kind {kind!r} are opened by their framework's belayq adapter; "
+                  "this one has no record")
+
+
+def _kind_rank(kind: str) -> tuple[int, str]:
+    return (KNOWN_KINDS.index(kind) if kind in KNOWN_KINDS else len(KNOWN_KINDS), kind)
+
+
+def _rq_names(client: Any) -> list[str]:
+    names = (rq_queue_name(_text(m)) for m in _members(client, RQ_QUEUES))
+    return sorted(n for n in names if n)
+
+
+def _kombu_tables(records: Iterable[QueueRecord]) -> set[str]:
+    """The binding tables to read: Celery's default exchange, under every key prefix
+    recorded, and every exchange belayq's transport saw a queue bound to."""
+    prefixes = {""}
+    tables = set()
+    for rec in records:
+        if rec.kind != "kombu":
+            continue
+        keyprefix = str(rec.facts.get("keyprefix", ""))
+        prefixes.add(keyprefix)
+        for exchange in rec.facts.get("exchanges", ()):
+            tables.add(kombu_binding_key(str(exchange), keyprefix))
+    tables.update(kombu_binding_key(KOMBU_DEFAULT_EXCHANGE, p) for p in prefixes)
+    return tables
+
+
+def _kombu_names(client: Any, records: Iterable[QueueRecord]) -> set[str]:
+    names: set[str] = set()
+    for table in sorted(_kombu_tables(records)):
+        for member in _members(client, table):
+            queue = kombu_binding_queue(_text(member))
+            if queue:
+                names.add(queue)
+    return names
+
+
+def _members(client: Any, key: str) -> set[bytes]:
+    """The members of a set; nothing when the key holds something else (not ours to read)."""
+    try:
+        return set(client.smembers(key))
+    except redis.ResponseError:
+        return set()
+
+
+def _framework_knows(client: Any, kind: str, name: str, records: list[QueueRecord],
+                     prefix: str) -> bool:
+    if kind == "rq":
+        return bool(client.sismember(RQ_QUEUES, f"{RQ_QUEUE_PREFIX}{name}"))
+    if kind == "kombu":
+        return name in _kombu_names(client, records)
+    if kind == "belayq":
+        if "{" in name or "}" in name:
+            return False
+        stats = QueueKeys.build(name, prefix=prefix).stats
+        try:
+            schema, _ = client.hmget(stats, ["schema", SHARDS_FIELD])
+        except redis.ResponseError:  # not a hash: not a belayq queue's counters
+            return False
+        return schema is not None
+    return False
+
+

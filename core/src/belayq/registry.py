@@ -1,0 +1,275 @@
+"""The queue registry: what every process and tool must agree on about a queue, in Redis.
+
+Opening a queue records it in one hash per key prefix (``belayq:queues``, see
+:func:`~belayq.keys.registry_key`), one field per queue (``<kind>/<name>``), so that any
+other process or tool (the sweep of another consumer, ``belayq``, the dashboard, the
+exporter) finds every queue at O(queues) cost, never by scanning the keyspace, and acts on
+it with the queue's own configuration, never with defaults of its own.
+
+A record holds two kinds of fields:
+
+* **The layout** (:data:`LAYOUT_FIELDS`: the kind, the ready lists, priority levels, whether
+  list entries are the payloads, which end is the head, the shard count). It says where the
+  messages are; a process that opens the queue with another layout is refused
+  (:class:`~belayq.ConfigError`): its messages would be stranded where no consumer looks.
+* **The limits** (:data:`LIMIT_FIELDS`: lease, runs before the dead-letter set, the
+  dead-letter cap, what happens to a message out of runs). A process that names a limit
+  uses it, and the record keeps the values of the latest process that named them: a rolling
+  restart with a new setting changes the record, with a warning in the log of the process
+  that changed it, naming the old and new values; the record keeps who changed it and when.
+  A process that names no limit takes the recorded ones (a producer that only publishes
+  names none). Tools never write a record; they read it.
+
+Queues that leave nothing behind on purpose (``transient``, as the Celery adapter's
+remote-control reply queues) are not recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any
+
+from .config import QueueConfig
+from .errors import ConfigError
+from .keys import registry_key
+
+log = logging.getLogger("belayq")
+
+#: Version of a record's JSON form.
+RECORD_VERSION = 1
+
+#: Kinds are short names (belayq's own queues are ``belayq``; the adapters name theirs).
+_KIND = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+#: Fields that say where a queue's messages are; they never change while it exists.
+LAYOUT_FIELDS = ("ready_key", "level_keys", "priority_steps", "payload_in_list", "ready_head",
+                 "shards")
+#: Fields that say how a queue treats its messages; the latest process that names them wins.
+LIMIT_FIELDS = ("lease_ms", "max_deliveries", "dead_letter_max", "exhausted")
+
+
+def check_kind(kind: str) -> str:
+    """``kind``, checked: a short lower-case name.
+
+    Raises:
+        ConfigError: Another value.
+    """
+    if not isinstance(kind, str) or not _KIND.match(kind):
+        raise ConfigError(f"kind must be a short lower-case name such as 'belayq', got {kind!r}")
+    return kind
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """What the registry keeps of one queue.
+
+    Attributes:
+        kind: ``belayq`` (a queue belayq owns), ``kombu``, ``rq`` ...: who lays it out.
+        name: The queue's name within its kind.
+        ready_key: The ready list of an adopted queue (RQ's ``rq:queue:NAME``, kombu's
+            ``celery``); None when belayq owns the keys.
+        level_keys: The lower priority levels' lists of an adopted queue.
+        priority_steps: The priority levels.
+        payload_in_list: Whether list entries are the payloads.
+        ready_head: Which end of the lists is claimed next.
+        shards: How many shards a :class:`~belayq.ShardedQueue` spreads it over.
+        lease_ms: The lease its consumers take.
+        max_deliveries: Runs after which a failed message is dead-lettered.
+        dead_letter_max: The cap of its dead-letter set.
+        exhausted: What happens to a message out of runs (``dead`` or ``deliver``).
+        named: The limits some process named itself (the others are belayq's defaults,
+            which a process naming them sets without a warning).
+        facts: What its framework needs to find it again (kombu: the key prefix and the
+            exchanges its lists are bound to).
+        changed_ms: When the limits were last set (ms since the epoch, this host's clock).
+        changed_by: ``host:pid`` of the process that set them.
+    """
+
+    kind: str
+    name: str
+    ready_key: str | None
+    level_keys: tuple[str, ...]
+    priority_steps: tuple[int, ...]
+    payload_in_list: bool
+    ready_head: str
+    shards: int
+    lease_ms: int
+    max_deliveries: int
+    dead_letter_max: int
+    exhausted: str
+    named: tuple[str, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    changed_ms: int = 0
+    changed_by: str = ""
+
+    @property
+    def field(self) -> str:
+        """The registry hash field of this queue."""
+        return f"{self.kind}/{self.name}"
+
+    def options(self) -> dict[str, Any]:
+        """The :class:`~belayq.ReliableQueue` keyword arguments that open this queue as
+        recorded (``shards`` apart)."""
+        out: dict[str, Any] = {f: getattr(self, f) for f in LIMIT_FIELDS}
+        out.update(priority_steps=self.priority_steps, payload_in_list=self.payload_in_list,
+                   ready_head=self.ready_head)
+        if self.ready_key is not None:
+            out.update(ready_key=self.ready_key, level_keys=list(self.level_keys))
+        return out
+
+    def to_json(self) -> str:
+        body = asdict(self)
+        body["version"] = RECORD_VERSION
+        return json.dumps(body, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> QueueRecord:
+        """A record from its stored form.
+
+        Raises:
+            ValueError: Not a record this belayq can read.
+        """
+        body = json.loads(raw)
+        if not isinstance(body, dict) or body.pop("version", None) != RECORD_VERSION:
+            raise ValueError("not a belayq queue record")
+        known = {f.name for f in fields(cls)}
+        body = {k: v for k, v in body.items() if k in known}
+        body["level_keys"] = tuple(body.get("level_keys") or ())
+        body["priority_steps"] = tuple(body["priority_steps"])
+        body["named"] = tuple(body.get("named") or ())
+        return cls(**body)
+
+
+def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | None,
+              level_keys: Iterable[str], named: Iterable[str] = (), shards: int = 1,
+              facts: Mapping[str, Any] | None = None) -> QueueRecord:
+    """The record of a queue opened with ``config``; ``named``: the limits the opener
+    named itself."""
+    return QueueRecord(
+        kind=kind, name=name, ready_key=ready_key, level_keys=tuple(level_keys),
+        priority_steps=config.priority_steps, payload_in_list=config.payload_in_list,
+        ready_head=config.ready_head, shards=shards, lease_ms=config.lease_ms,
+        max_deliveries=config.max_deliveries, dead_letter_max=config.dead_letter_max,
+        exhausted=config.exhausted, named=tuple(sorted(set(named) & set(LIMIT_FIELDS))),
+        facts=dict(facts or {}),
+        changed_ms=int(time.time() * 1000), changed_by=f"{socket.gethostname()}:{os.getpid()}",
+    )
+
+
+class Registry:
+    """The registry of the queues under one key prefix, on one client.
+
+    Args:
+        client: A redis-py client (or cluster client) with ``decode_responses=False``.
+        prefix: The key prefix (``QueueConfig.prefix``).
+    """
+
+    def __init__(self, client: Any, prefix: str = "belayq") -> None:
+        self.client = client
+        self.key = registry_key(prefix)
+
+    def get(self, kind: str, name: str) -> QueueRecord | None:
+        """The record of queue ``name`` of ``kind``, or None."""
+        raw = self.client.hget(self.key, f"{kind}/{name}")
+        return None if raw is None else _readable(raw)
+
+    def all(self) -> list[QueueRecord]:
+        """Every record, by kind then name (records this belayq cannot read are left out)."""
+        out = [r for raw in self.client.hvals(self.key) if (r := _readable(raw)) is not None]
+        return sorted(out, key=lambda r: (r.kind, r.name))
+
+    def record(self, rec: QueueRecord) -> QueueRecord:
+        """Record ``rec`` (a process opening the queue), and return what now stands: the
+        limits ``rec`` names replace the recorded ones (with a warning when another process
+        had named them otherwise); the others stay as recorded (see the module doc).
+
+        Raises:
+            ConfigError: The queue is recorded with another layout.
+        """
+        for _ in range(3):
+            raw = self.client.hget(self.key, rec.field)
+            if raw is None:
+                if self.client.hsetnx(self.key, rec.field, rec.to_json()):
+                    return rec
+                continue  # another process recorded it meanwhile: compare with that
+            old = _readable(raw)
+            if old is None:  # written by another belayq version: left as it is
+                return rec
+            _check_layout(old, rec)
+            changed = {f: (getattr(old, f), getattr(rec, f)) for f in rec.named
+                       if getattr(old, f) != getattr(rec, f)}
+            named = tuple(sorted(set(old.named) | set(rec.named)))
+            if not changed and named == old.named:
+                return old
+            new = replace(old, named=named, **{f: b for f, (_, b) in changed.items()})
+            if changed:
+                new = replace(new, changed_ms=rec.changed_ms, changed_by=rec.changed_by)
+                loud = {f: ab for f, ab in changed.items() if f in old.named}
+                if loud:
+                    _warn_changed(rec, old, loud)
+            self.client.hset(self.key, rec.field, new.to_json())
+            return new
+        raise ConfigError(f"could not record queue {rec.name!r}: the registry kept changing")
+
+    def note_facts(self, kind: str, name: str, facts: Mapping[str, Any]) -> None:
+        """Add what a framework needs to find a recorded queue again (lists are joined)."""
+        rec = self.get(kind, name)
+        if rec is None:
+            return
+        merged = _merged(rec.facts, facts)
+        if merged != dict(rec.facts):
+            self.client.hset(self.key, rec.field, replace(rec, facts=merged).to_json())
+
+    def forget(self, kind: str, name: str) -> bool:
+        """Remove the record of a queue (it was dropped)."""
+        return bool(self.client.hdel(self.key, f"{kind}/{name}"))
+
+
+def _merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Facts of two records together: lists are joined (kombu's exchanges), the rest is
+    the newer value."""
+    out = dict(old)
+    for k, v in new.items():
+        if isinstance(v, list) and isinstance(out.get(k), list):
+            out[k] = sorted(set(out[k]) | set(v))
+        else:
+            out[k] = v
+    return out
+
+
+def _warn_changed(rec: QueueRecord, old: QueueRecord, changed: dict[str, tuple[Any, Any]]) -> None:
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(old.changed_ms / 1000))
+    log.warning(
+        "queue %r (%s): %s (recorded since %s by %s). Tools and processes that open it from "
+        "now on apply the new value; processes started before keep theirs until they "
+        "restart.", rec.name, rec.kind,
+        ", ".join(f"{f} {a!r} -> {b!r}" for f, (a, b) in changed.items()), since,
+        old.changed_by or "another process")
+
+
+def _readable(raw: bytes | str) -> QueueRecord | None:
+    try:
+        return QueueRecord.from_json(raw)
+    except (ValueError, TypeError, KeyError):
+        log.warning("the queue registry holds a record this belayq cannot read: %r",
+                    raw[:200])
+        return None
+
+
+def _check_layout(old: QueueRecord, new: QueueRecord) -> None:
+    diff = [f for f in LAYOUT_FIELDS if getattr(old, f) != getattr(new, f)]
+    if diff:
+        shown = "; ".join(f"{f}: recorded {getattr(old, f)!r}, asked {getattr(new, f)!r}"
+                          for f in diff)
+        raise ConfigError(
+            f"queue {new.name!r} ({new.kind}) is laid out otherwise than this process asks "
+            f"({shown}). Its messages are where the record says: open it that way. To lay "
+            f"it out anew, stop its processes, drain it, and `belayq drop` it first."
+        )
