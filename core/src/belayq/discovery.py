@@ -25,6 +25,7 @@ import redis
 
 from .errors import ConfigError
 from .keys import (
+    KOMBU_SEP,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
     SHARDS_FIELD,
@@ -181,27 +182,26 @@ def _rq_names(client: Any) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _kombu_tables(records: Iterable[QueueRecord]) -> set[str]:
-    """The binding tables to read: Celery's default exchange, under every key prefix
-    recorded, and every exchange belayq's transport saw a queue bound to."""
-    prefixes = {""}
-    tables = set()
+def _kombu_tables(records: Iterable[QueueRecord]) -> dict[str, str]:
+    """The binding tables to read, each with its member separator: Celery's default
+    exchange's under every key prefix recorded, and every exchange belayq's transport saw a
+    queue bound to."""
+    tables = {kombu_binding_key(KOMBU_DEFAULT_EXCHANGE): KOMBU_SEP}
     for rec in records:
         if rec.kind != "kombu":
             continue
         keyprefix = str(rec.facts.get("keyprefix", ""))
-        prefixes.add(keyprefix)
-        for exchange in rec.facts.get("exchanges", ()):
-            tables.add(kombu_binding_key(str(exchange), keyprefix))
-    tables.update(kombu_binding_key(KOMBU_DEFAULT_EXCHANGE, p) for p in prefixes)
+        sep = str(rec.facts.get("sep", KOMBU_SEP))
+        for exchange in (KOMBU_DEFAULT_EXCHANGE, *rec.facts.get("exchanges", ())):
+            tables.setdefault(kombu_binding_key(str(exchange), keyprefix), sep)
     return tables
 
 
 def _kombu_names(client: Any, records: Iterable[QueueRecord]) -> set[str]:
     names: set[str] = set()
-    for table in sorted(_kombu_tables(records)):
+    for table, sep in sorted(_kombu_tables(records).items()):
         for member in _members(client, table):
-            queue = kombu_binding_queue(_text(member))
+            queue = kombu_binding_queue(_text(member), sep)
             if queue:
                 names.add(queue)
     return names

@@ -228,9 +228,9 @@ def kombu_binding_key(exchange: str, keyprefix: str = "") -> str:
     return f"{keyprefix}_kombu.binding.{exchange}"
 
 
-def kombu_binding_queue(member: str) -> str | None:
+def kombu_binding_queue(member: str, sep: str = KOMBU_SEP) -> str | None:
     """The queue a member of a kombu binding table names, or None."""
-    parts = member.split(KOMBU_SEP)
+    parts = member.split(sep)
     return parts[2] if len(parts) == 3 and parts[2] else None
 
 

@@ -211,6 +211,15 @@ class Channel(stock.Channel):  # type: ignore[misc]
             self.connection.revocations(self).revoke(revoked)
         return super()._put_fanout(exchange, message, routing_key, **kwargs)
 
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> Any:
+        """Bind as the stock transport does, and note in belayq's registry which binding
+        table names the queue, so that the tools find the queues bound to this exchange
+        that only stock producers fill."""
+        ret = super()._queue_bind(exchange, routing_key, pattern, queue)
+        if self.typeof(exchange).type != "fanout" and queue:
+            self.connection.note_binding(self, queue, exchange)
+        return ret
+
     def create_publish_batch(self, max_size: int) -> Any:
         raise NotImplementedError("belayq:// publishes each message through the core")
 

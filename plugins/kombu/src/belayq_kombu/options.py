@@ -234,12 +234,22 @@ def core_options(source: Any) -> dict[str, Any]:
         "claim_starts": False,
         "wait_replicas": int(source.wait_replicas),
         "wait_timeout_ms": _ms(source.wait_timeout),
+        # The registry of these queues sits under the transport's key prefix, as its lists.
+        "prefix": _registry_prefix(getattr(source, "global_keyprefix", "")),
     }
     try:
         QueueConfig(**fields)
     except ConfigError as exc:
         raise ValueError(f"belayq:// transport options do not work together: {exc}") from exc
     return fields
+
+
+def _registry_prefix(keyprefix: str) -> str:
+    """The core prefix of a channel's queues (their registry's key): under the channel's
+    ``global_keyprefix``, unless that holds a hash tag, which a core prefix may not."""
+    if "{" in keyprefix or "}" in keyprefix:
+        return "belayq"
+    return f"{keyprefix}belayq"
 
 
 def _ms(seconds: float) -> int:

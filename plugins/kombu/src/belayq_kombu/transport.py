@@ -13,6 +13,7 @@ from kombu.transport import redis as _stock
 
 from belayq import ReliableQueue
 from belayq import __version__ as belayq_version
+from belayq.registry import Registry
 from belayq.revocations import Revocations
 
 from . import options, topology
@@ -67,6 +68,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.publishers: dict[str, ReliableQueue] = {}  # with wait_replicas (Channel.publisher)
         self._core_client: redis.Redis | None = None
         self._revocations: Revocations | None = None
+        self._bindings_noted: set[tuple[str, str]] = set()
 
     def revocations(self, channel: _Channel) -> Revocations:
         """The revokes Redis remembers for delayed tasks (one record per key prefix)."""
@@ -104,6 +106,17 @@ class Transport(stock.Transport):  # type: ignore[misc]
         rq = self.queues.pop(name, None)
         if rq is not None:
             rq.close(release=False)
+
+    def note_binding(self, channel: _Channel, queue: str, exchange: str) -> None:
+        """Record (once per process) that ``exchange``'s binding table names ``queue``."""
+        if (queue, exchange) in self._bindings_noted:
+            return
+        self._bindings_noted.add((queue, exchange))
+        rq = channel.queue(queue)
+        facts: dict[str, Any] = {"keyprefix": channel.global_keyprefix, "exchanges": [exchange]}
+        if channel.sep != options.stock.Channel.sep:
+            facts["sep"] = channel.sep
+        Registry(rq.client, rq.config.prefix).note_facts("kombu", queue, facts)
 
     def driver_version(self) -> str:
         return f"belayq {belayq_version}, redis-py {redis.__version__}"
