@@ -172,7 +172,8 @@ def cmd_inspect(client: redis.Redis, args: argparse.Namespace) -> int:
 
 def cmd_delayed(client: redis.Redis, args: argparse.Namespace) -> int:
     _, q = _queue(client, args)
-    _emit(args, views.delayed(q, args.limit), ("id", "due_in_s", "task", "task_id", "payload"))
+    _emit(args, views.delayed(q, args.limit),
+          ("id", "due_in_s", "task", "task_id", "held_by", "payload"))
     return 0
 
 

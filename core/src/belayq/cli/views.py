@@ -10,6 +10,7 @@ from typing import Any
 
 from ..admin import BELL, parse_meta
 from ..discovery import Found
+from ..kinds import tools_for
 from ..metrics import server_ms
 from ..models import text as _text
 from ..queue import ReliableQueue
@@ -86,8 +87,13 @@ def _ready(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
 
 
 def delayed(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
-    """The delayed messages, soonest due first (over every shard of a sharded queue)."""
+    """The delayed messages, soonest due first (over every shard of a sharded queue), with
+    those the queue's framework holds back itself (RQ's scheduled jobs, through its
+    adapter's tools: :mod:`belayq.kinds`)."""
     rows = [row for p in parts_of(q) for row in _delayed(p, limit)]
+    tools = tools_for(q.kind)
+    if tools is not None:
+        rows += tools.delayed(q, limit)
     return sorted(rows, key=lambda row: float(row["due_in_s"]))[:limit]
 
 

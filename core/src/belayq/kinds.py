@@ -1,0 +1,54 @@
+"""What a framework's adapter adds to belayq's tools for the queues of its kind.
+
+The core knows where a framework's queue keeps its messages (its lists), but not what the
+framework keeps beside them: RQ's job hashes and its scheduled-job registry, for example.
+An adapter that keeps such things registers an object under the entry point group
+``belayq.kinds``, named after its kind (``belayq_rq``: ``rq = "belayq_rq.kind:TOOLS"``), and
+the tools (``belayq purge``, ``belayq delayed``, the dashboard) call it for the queues of that
+kind. A kind with no such entry point is handled by the core alone.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from .sharded import AnyQueue
+
+log = logging.getLogger("belayq")
+
+GROUP = "belayq.kinds"
+
+
+class KindTools(Protocol):
+    """A framework's part of the tools' work on a queue of its kind."""
+
+    def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
+        """Delete the queue's waiting messages as the framework's own purge would (with
+        what the framework keeps for each), and its delayed ones too when ``delayed``.
+        Returns counts by what was deleted."""
+        ...
+
+    def delayed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
+        """Rows for the messages the framework holds back itself (its own scheduler's),
+        soonest first: ``id``, ``due_in_s`` and what describes the message."""
+        ...
+
+
+@functools.cache
+def tools_for(kind: str) -> KindTools | None:
+    """The tools the adapter of ``kind`` registered, or None (or when it fails to load,
+    which is logged: the core's own handling is used then)."""
+    for entry in metadata.entry_points(group=GROUP):
+        if entry.name == kind:
+            try:
+                found: KindTools = entry.load()
+            except Exception as exc:  # a broken adapter must not break the tools
+                log.warning("cannot load the belayq tools of kind %r (%s): %s", kind,
+                            entry.value, exc)
+                return None
+            return found
+    return None

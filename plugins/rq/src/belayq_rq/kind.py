@@ -1,0 +1,42 @@
+"""belayq's tools on RQ queues (the ``belayq.kinds`` entry point ``rq``): what RQ keeps
+beside its queue list, through RQ's own API.
+
+* ``belayq delayed`` (and the dashboard) shows the jobs RQ's scheduler holds back in the
+  queue's ``ScheduledJobRegistry`` (``enqueue_in``/``enqueue_at``, and retries with an
+  interval), beside belayq's own delayed messages.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rq.job import Job
+from rq.registry import ScheduledJobRegistry
+
+from belayq.sharded import AnyQueue
+
+
+class RQTools:
+    """The tools' RQ-specific work (see :class:`belayq.kinds.KindTools`)."""
+
+    def delayed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
+        registry = ScheduledJobRegistry(queue.name, connection=queue.client)
+        ids = registry.get_job_ids(0, max(0, limit - 1))
+        if not ids:
+            return []
+        now = time.time()
+        jobs = Job.fetch_many(ids, connection=queue.client)
+        rows = []
+        for job_id, job in zip(ids, jobs, strict=True):
+            try:
+                due = registry.get_scheduled_time(job_id).timestamp()
+            except Exception:  # gone since the listing
+                continue
+            rows.append({"id": job_id, "due_in_s": round(due - now, 1),
+                         "task": job.func_name if job is not None else None,
+                         "held_by": "rq scheduler"})
+        return rows
+
+
+TOOLS = RQTools()
