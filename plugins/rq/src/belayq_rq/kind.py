@@ -21,7 +21,7 @@ class RQTools:
     """The tools' RQ-specific work (see :class:`belayq.kinds.KindTools`)."""
 
     def delayed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
-        registry = ScheduledJobRegistry(queue.name, connection=queue.client)
+        registry = ScheduledJobRegistry(queue.name, connection=queue.client)  # type: ignore[no-untyped-call]
         ids = registry.get_job_ids(0, max(0, limit - 1))
         if not ids:
             return []
