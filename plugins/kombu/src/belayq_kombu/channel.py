@@ -26,6 +26,7 @@ from kombu.transport import redis as _stock
 from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
+from belayq.discovery import hidden
 
 from . import celery_state, eta, options, topology
 from .consume import Consume, Waiter
@@ -216,7 +217,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         table names the queue, so that the tools find the queues bound to this exchange
         that only stock producers fill."""
         ret = super()._queue_bind(exchange, routing_key, pattern, queue)
-        if self.typeof(exchange).type != "fanout" and queue:
+        if self.typeof(exchange).type != "fanout" and queue and not hidden("kombu", queue):
             self.connection.note_binding(self, queue, exchange)
         return ret
 
