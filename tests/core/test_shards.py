@@ -409,7 +409,7 @@ def test_command_line_and_metrics_see_one_logical_queue(
     r: redis.Redis, name: str, opened: list[ShardedQueue], capsys: pytest.CaptureFixture[str]
 ) -> None:
     from belayq.cli import main
-    from belayq.cli.targets import Found, list_queues
+    from belayq.discovery import Found, list_queues
     from belayq.metrics import QueueCollector
 
     q = sharded(opened, r, name, shards=3, max_deliveries=1)
@@ -417,7 +417,9 @@ def test_command_line_and_metrics_see_one_logical_queue(
     [d] = q.claim(timeout=0)
     q.nack(d, reason="bad")
     found = [f for f in list_queues(r) if name in f.name]
-    assert found == [Found("belayq", name)]
+    assert [(f.kind, f.name, f.record is not None and f.record.shards) for f in found] == [
+        ("belayq", name, 3)]
+    assert Found("belayq", name, found[0].record) == found[0]
     url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/0"
     assert main(["stats", "--url", url, name, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)

@@ -198,3 +198,18 @@ def test_an_exporter_of_a_kind_exports_that_kind_only(client: redis.Redis, url: 
     assert kinds == {"rq"}
 
 
+
+
+def test_a_queue_that_cannot_be_read_is_a_line_with_its_error_not_the_end_of_the_listing(
+    client: redis.Redis, url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ReliableQueue(client, "emails", keeper=False).publish(b"x")
+    broken = ReliableQueue(client, "newer", keeper=False)
+    client.hset(broken.keys.stats, "schema", 99)  # as a later belayq would write it
+    code, out, err = run(capsys, "queues", "--url", url, "--json")
+    got = {r["queue"]: r for r in map(json.loads, out.splitlines())}
+    assert code == 0, err
+    assert got["emails"]["ready"] == 1 and "SchemaMismatch" in got["newer"]["error"]
+    m = scrape_once(url)
+    assert m['belayq_ready{kind="belayq",priority="0",queue="emails"}'] == 1
+    assert not any('queue="newer"' in series for series in m)

@@ -14,6 +14,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import QueueKeys
 from .models import DeadLetter, HistoryRecord
 from .models import text as _text
+from .registry import Registry
 from .scripts import ScriptRunner
 
 #: The wake-up entry the scripts push into the first level (lua/includes/ready.lua).
@@ -51,6 +52,8 @@ class QueueAdmin:
     client: Any
     config: QueueConfig
     keys: QueueKeys
+    kind: str
+    name: str
     _scripts: ScriptRunner
 
     @_redis_errors
@@ -158,5 +161,9 @@ class QueueAdmin:
     @_redis_errors
     def drop(self) -> bool:
         """Delete the queue: its waiting messages, dead letters, counters and every key of
-        its own. Refused (False, nothing deleted) while any message is claimed."""
-        return bool(int(self._scripts.run("drop")))
+        its own, and its record in the registry. Refused (False, nothing deleted) while any
+        message is claimed."""
+        dropped = bool(int(self._scripts.run("drop")))
+        if dropped:
+            Registry(self.client, self.config.prefix).forget(self.kind, self.name)
+        return dropped

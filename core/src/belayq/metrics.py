@@ -29,15 +29,21 @@ One series per queue and state: a queue handed to the collector twice is counted
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from .blocking import node_client
+from .errors import BelayqError, ConnectionLost
 from .models import text as _text
 
 if TYPE_CHECKING:
     from .queue import ReliableQueue
     from .sharded import AnyQueue
+
+log = logging.getLogger("belayq")
 
 #: The labels of every series: a queue is named by its kind and its name.
 LABELS = ["kind", "queue"]
@@ -91,19 +97,56 @@ def server_ms(q: ReliableQueue) -> int:
     return int(seconds) * 1000 + int(micros) // 1000
 
 
-class QueueCollector:
-    """A prometheus_client collector of the queues ``queues()`` returns at each scrape."""
+def _opened(item: AnyQueue | Callable[[], AnyQueue]) -> AnyQueue | None:
+    if not callable(item):
+        return item
+    try:
+        return item()
+    except ConnectionLost:
+        raise
+    except (BelayqError, redis.ResponseError) as exc:
+        log.warning("metrics: a queue left out of this scrape: %s", exc)
+        return None
 
-    def __init__(self, queues: Callable[[], Iterable[AnyQueue | tuple[Any, AnyQueue]]]) -> None:
+
+def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], float]]:
+    """(family, labels, value) of every series of one queue."""
+    from .sharded import parts_of
+
+    labels = [q.kind, q.name]
+    stats = q.stats()
+    for name in COUNTERS:
+        yield name, labels, float(stats.get(name, 0))
+    for step, count in zip(q.config.priority_steps, q.ready_by_level(), strict=True):
+        yield "ready", [*labels, str(step)], float(count)
+    for name in ("in_flight", "delayed", "dead"):
+        yield name, labels, float(stats[name])
+    ages_of = [("oldest_ready_age_seconds", oldest_ready_age_s)]
+    if q.limits_known:
+        ages_of.append(("oldest_lease_age_seconds", oldest_lease_age_s))
+    for name, of in ages_of:
+        ages = [age for p in parts_of(q) if (age := of(p, server_ms(p))) is not None]
+        if ages:  # the oldest over a sharded queue's shards
+            yield name, labels, max(ages)
+
+
+class QueueCollector:
+    """A prometheus_client collector of the queues ``queues()`` returns at each scrape.
+
+    ``queues()`` may give queues, or callables that open one (the exporter's way: a queue
+    that cannot be opened, or read, is left out of the scrape with a warning in the log,
+    and the other queues are still exported)."""
+
+    def __init__(self, queues: Callable[[], Iterable[AnyQueue | Callable[[], AnyQueue]]]) -> None:
         self.queues = queues
 
     def _each(self) -> list[AnyQueue]:
-        """The queues of this scrape, each (kind, name) once; ``(found, queue)`` pairs (as the
-        exporter lists them) are taken for their queue."""
+        """The queues of this scrape, each (kind, name) once."""
         out: dict[tuple[str, str], AnyQueue] = {}
         for item in self.queues():
-            q = item[1] if isinstance(item, tuple) else item
-            out.setdefault((q.kind, q.name), q)
+            q = _opened(item)
+            if q is not None:
+                out.setdefault((q.kind, q.name), q)
         return list(out.values())
 
     def describe(self) -> list[Any]:
@@ -130,24 +173,18 @@ class QueueCollector:
                  "Time since the least recently renewed lease was renewed"),
             )
         }
-        from .sharded import parts_of
-
         for q in self._each():
-            labels = [q.kind, q.name]
-            stats = q.stats()
-            for name, family in counters.items():
-                family.add_metric(labels, float(stats.get(name, 0)))
-            for step, count in zip(q.config.priority_steps, q.ready_by_level(), strict=True):
-                ready.add_metric([*labels, str(step)], float(count))
-            for name in ("in_flight", "delayed", "dead"):
-                gauges[name].add_metric(labels, float(stats[name]))
-            ages_of = [("oldest_ready_age_seconds", oldest_ready_age_s)]
-            if q.limits_known:
-                ages_of.append(("oldest_lease_age_seconds", oldest_lease_age_s))
-            for name, of in ages_of:
-                ages = [age for p in parts_of(q) if (age := of(p, server_ms(p))) is not None]
-                if ages:  # the oldest over a sharded queue's shards
-                    gauges[name].add_metric(labels, max(ages))
+            try:
+                samples = list(_samples(q))
+            except ConnectionLost:
+                raise
+            except (BelayqError, redis.ResponseError) as exc:
+                log.warning("metrics: queue %r (%s) left out of this scrape: %s", q.name,
+                            q.kind, exc)
+                continue
+            families: dict[str, Any] = {"ready": ready, **counters, **gauges}
+            for family, labels, value in samples:
+                families[family].add_metric(labels, value)
         yield from counters.values()
         yield ready
         yield from gauges.values()

@@ -41,7 +41,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys, shard_names
 from .models import Delivery, Published, SweepResult
 from .queue import ReliableQueue
-from .registry import Registry
+from .registry import QueueRecord, Registry
 from .sharded_admin import ShardedAdmin
 
 T = TypeVar("T")
@@ -88,7 +88,7 @@ class ShardedQueue(ShardedAdmin):
             self._record_count(shards)
         if record:
             mine = dataclasses.replace(parts[0].record(shards), name=name)
-            stood = _redis_errors(Registry(client, self.config.prefix).record)(mine)
+            stood = _redis_errors(self._record_in_registry)(mine)
             for q in parts:
                 q._adopt(stood)
             self.config = parts[0].config
@@ -101,6 +101,15 @@ class ShardedQueue(ShardedAdmin):
         # shard each time: a counter copied into forked consumers (Celery's prefork pool)
         # would have them all try the same shard at the same moment.
         self._publish_turn = itertools.count(random.randrange(shards))
+
+    def _record_in_registry(self, mine: QueueRecord) -> QueueRecord:
+        """Record the logical queue; a drained plain queue sharded now (its shard count in
+        its stats hash allowed it, see :meth:`_record_count`) is recorded anew."""
+        registry = Registry(self.client, self.config.prefix)
+        old = registry.get("belayq", self.name)
+        if old is not None and old.shards != mine.shards:
+            registry.forget("belayq", self.name)
+        return registry.record(mine)
 
     @_redis_errors
     def _record_count(self, shards: int) -> None:

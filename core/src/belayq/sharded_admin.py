@@ -12,6 +12,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys
 from .models import DeadLetter, HistoryRecord
 from .queue import ReliableQueue
+from .registry import Registry
 
 #: Stats that are neither sizes nor counters (not summed over the shards).
 _NOT_SUMMED = ("schema",)
@@ -91,7 +92,8 @@ class ShardedAdmin:
 
     @_redis_errors
     def drop(self) -> bool:
-        """Delete every shard and the recorded shard count. Refused (False, nothing deleted)
+        """Delete every shard, the recorded shard count and the queue's record in the
+        registry. Refused (False, nothing deleted)
         while any shard has a message claimed."""
         if any(s["in_flight"] or s["landing"] for s in self.shard_stats().values()):
             return False
@@ -100,4 +102,5 @@ class ShardedAdmin:
         if len(self.shards) > 1:
             base = QueueKeys.build(self.name, prefix=self.config.prefix).stats
             self.client.hdel(base, SHARDS_FIELD)
+        Registry(self.client, self.config.prefix).forget("belayq", self.name)
         return True

@@ -116,7 +116,7 @@ def test_flower_and_the_celery_commands(workers: Any, celery_env: dict[str, str]
 
 def inspect(port: int, queue: str) -> list[dict[str, Any]]:
     out = subprocess.run([sys.executable, "-m", "belayq", "inspect", "--url",
-                          f"redis://127.0.0.1:{port}/0", queue, "--json", "--lease-ms", "20000"],
+                          f"redis://127.0.0.1:{port}/0", queue, "--json"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines()]

@@ -83,7 +83,7 @@ def test_rq_dashboard_and_rq_info(conn: redis.Redis, rq_url: str, workers: Worke
 
 def inspect(url: str) -> list[dict[str, Any]]:
     out = subprocess.run([sys.executable, "-m", "belayq", "inspect", "--url", url, "q1",
-                          "--kind", "rq", "--json", "--lease-ms", str(jobs.SHORT_LEASE_MS)],
+                          "--kind", "rq", "--json"],
                          capture_output=True, text=True, timeout=60, env=child_env())
     assert out.returncode == 0, out.stderr
     return [json.loads(line) for line in out.stdout.splitlines()]

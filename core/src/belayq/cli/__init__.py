@@ -26,6 +26,7 @@ URL or an unknown queue is a one-line error and exit status 2; passwords are nev
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -132,16 +133,20 @@ def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequenc
         print(views.table(rows, columns) if rows else "(none)")
 
 
-def _all(client: redis.Redis, args: argparse.Namespace) -> list[tuple[Found, AnyQueue]]:
+def _found(client: redis.Redis, args: argparse.Namespace) -> list[Found]:
     names = getattr(args, "queue", None) or []
-    found = ([find(client, n, args.kind, prefix=args.prefix) for n in names]
-             or list_queues(client, args.prefix, kind_filter(args.kind)))
-    return [(f, open_found(client, f, prefix=args.prefix)) for f in found]
+    return ([find(client, n, args.kind, prefix=args.prefix) for n in names]
+            or list_queues(client, args.prefix, kind_filter(args.kind)))
+
+
+def _rows(client: redis.Redis, args: argparse.Namespace) -> list[dict[str, Any]]:
+    return views.queue_rows(_found(client, args),
+                            lambda f: open_found(client, f, prefix=args.prefix))
 
 
 def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
-    rows = [views.queue_row(f, q) for f, q in _all(client, args)]
-    _emit(args, rows, views.QUEUE_COLUMNS)
+    rows = _rows(client, args)
+    _emit(args, rows, views.queue_columns(rows))
     return 0
 
 
@@ -257,11 +262,12 @@ def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
 def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
     shown = 0
     while True:
-        rows = [views.queue_row(f, q) for f, q in _all(client, args)]
+        rows = _rows(client, args)
         if sys.stdout.isatty():
             print("\033[2J\033[H", end="")
         print(time.strftime("%H:%M:%S"), "every", args.interval, "s (Ctrl-C to stop)")
-        print(views.table(rows, views.QUEUE_COLUMNS) if rows else "(no queues)", flush=True)
+        print(views.table(rows, views.queue_columns(rows)) if rows else "(no queues)",
+              flush=True)
         shown += 1
         if args.count and shown >= args.count:
             return 0
@@ -276,7 +282,11 @@ def cmd_exporter(client: redis.Redis, args: argparse.Namespace) -> int:
             from None
     from ..metrics import QueueCollector
 
-    REGISTRY.register(QueueCollector(lambda: _all(client, args)))
+    def openers() -> list[Callable[[], AnyQueue]]:
+        return [functools.partial(open_found, client, f, prefix=args.prefix)
+                for f in _found(client, args)]
+
+    REGISTRY.register(QueueCollector(openers))
     start_http_server(args.port, addr=args.host)
     print(f"belayq exporter on http://{args.host}:{args.port}/metrics", flush=True)
     while True:
@@ -332,8 +342,9 @@ def cmd_upgrade(client: redis.Redis, args: argparse.Namespace) -> int:
     from ..upgrade import upgrade_schema1
 
     kind = "belayq" if args.kind == "auto" else args.kind
+    # Schema 1 named its level lists the same way.
     keys = {k: v for k, v in layout_of(kind, args.queue, prefix=args.prefix).items()
-            if k != "priority_steps"}  # schema 1 had its level lists named the same way
+            if k not in ("priority_steps", "kind")}
     counts = upgrade_schema1(client, args.queue, **keys)
     print(f"queue {args.queue!r} is at schema 2: {counts['returned']} claim(s) put back, "
           f"{counts['messages']} message record(s) rewritten, {counts['dead']} dead letter(s)")

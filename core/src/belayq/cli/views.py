@@ -4,12 +4,15 @@ queues, and the live view of ``watch``. Reads only; O(shown), never O(queue)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import zip_longest
 from typing import Any
 
+import redis
+
 from ..admin import BELL, parse_meta
 from ..discovery import Found
+from ..errors import BelayqError, ConnectionLost
 from ..kinds import tools_for
 from ..metrics import server_ms
 from ..models import text as _text
@@ -128,6 +131,29 @@ QUEUE_COLUMNS = ("kind", "queue", "ready", "in_flight", "delayed", "dead", "acke
 
 #: The figures ``belayq stats`` shows for each shard of a sharded queue.
 SHARD_COLUMNS = ("ready", "in_flight", "delayed", "dead", "acked")
+
+
+def queue_rows(
+    found: Sequence[Found], open_one: Callable[[Found], AnyQueue]
+) -> list[dict[str, Any]]:
+    """The lines of ``found`` queues; one that cannot be read (written by another belayq
+    version, or its keys taken by other data) is a line with its ``error``, never the end of
+    the listing. A lost connection ends it."""
+    rows = []
+    for f in found:
+        try:
+            rows.append(queue_row(f, open_one(f)))
+        except ConnectionLost:
+            raise
+        except (BelayqError, redis.ResponseError) as exc:
+            rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
+                         "error": f"{type(exc).__name__}: {exc}"})
+    return rows
+
+
+def queue_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
+    """The columns of a queue listing: an ``error`` column when a line has one."""
+    return (*QUEUE_COLUMNS, "error") if any("error" in r for r in rows) else QUEUE_COLUMNS
 
 
 def queue_row(found: Found, q: AnyQueue) -> dict[str, Any]:

@@ -105,7 +105,7 @@ class Dashboard:
         return self._open[key]
 
     def overview(self) -> dict[str, Any]:
-        rows = [views.queue_row(*self.queue(f.kind, f.name)) for f in self.found()]
+        rows = views.queue_rows(self.found(), lambda f: self.queue(f.kind, f.name)[1])
         return {"queues": rows, "demo": self.demo.state() if self.demo else None}
 
     def detail(self, q: AnyQueue) -> dict[str, Any]:
