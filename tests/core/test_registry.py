@@ -103,3 +103,24 @@ def test_a_name_taken_by_two_kinds_must_be_named_with_its_kind(r: redis.Redis, q
     with pytest.raises(ConfigError, match="--kind"):
         find(r, qname)
     assert find(r, qname, "kombu").kind == "kombu"
+
+
+def test_an_acl_user_refused_the_registry_is_warned_and_its_queue_works(
+    r: redis.Redis, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    user = f"noreg-{qname}"
+    r.acl_setuser(user, enabled=True, passwords=["+pw"], keys=[f"belayq:{{{qname}}}:*"],
+                  commands=["+@all"])
+    try:
+        port = r.connection_pool.connection_kwargs["port"]
+        limited = redis.Redis(port=port, username=user, password="pw")
+        with caplog.at_level(logging.WARNING, logger="belayq"):
+            q = ReliableQueue(limited, qname, keeper=False)
+            q.publish(b"x")
+            [d] = q.claim(timeout=0)
+            assert q.ack(d)
+        assert any("belayq:queues" in rec.getMessage() and "ACL" in rec.getMessage()
+                   for rec in caplog.records)
+        assert Registry(r).get("belayq", qname) is None
+    finally:
+        r.acl_deluser(user)

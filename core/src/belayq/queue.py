@@ -30,7 +30,14 @@ from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
 from .models import Delivery, SweepResult
 from .publishing import Publishing
-from .registry import LIMIT_FIELDS, QueueRecord, Registry, check_kind, record_of
+from .registry import (
+    LIMIT_FIELDS,
+    QueueRecord,
+    Registry,
+    check_kind,
+    record_of,
+    record_or_warn,
+)
 from .scripts import Arg, ScriptRunner
 from .settling import Settling
 
@@ -165,7 +172,8 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
                 "schema 1')."
             )
         if self._record:
-            self._adopt(Registry(self.client, self.config.prefix).record(self.record()))
+            self._adopt(record_or_warn(Registry(self.client, self.config.prefix),
+                                       self.record()))
         if self.config.wait_replicas:
             self._scripts.wait_for_replicas(versions)
 

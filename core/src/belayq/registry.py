@@ -36,6 +36,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+import redis
+
 from .config import QueueConfig
 from .errors import ConfigError
 from .keys import registry_key
@@ -230,6 +232,26 @@ class Registry:
     def forget(self, kind: str, name: str) -> bool:
         """Remove the record of a queue (it was dropped)."""
         return bool(self.client.hdel(self.key, f"{kind}/{name}"))
+
+
+def record_or_warn(registry: Registry, rec: QueueRecord) -> QueueRecord:
+    """:meth:`Registry.record`, or, when the ACL refuses the registry key, ``rec`` itself
+    with a warning (once per registry key and process): the queue works, but the tools do
+    not find it and other processes do not learn its limits."""
+    try:
+        return registry.record(rec)
+    except redis.exceptions.NoPermissionError as exc:
+        if registry.key not in _REFUSED:
+            _REFUSED.add(registry.key)
+            log.warning(
+                "cannot record queue %r in belayq's registry %r (%s): the tools will not list "
+                "it and other processes will not learn its limits. Allow the key to this "
+                "ACL user (docs/acl.md).", rec.name, registry.key, exc)
+        return rec
+
+
+#: Registry keys an ACL refused in this process (warned about once).
+_REFUSED: set[str] = set()
 
 
 def _merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:

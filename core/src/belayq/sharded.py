@@ -28,6 +28,7 @@ nobody reads.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -35,13 +36,15 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
+import redis
+
 from .claim_any import claim_any
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys, shard_names
 from .models import Delivery, Published, SweepResult
 from .queue import ReliableQueue
-from .registry import QueueRecord, Registry
+from .registry import QueueRecord, Registry, record_or_warn
 from .sharded_admin import ShardedAdmin
 
 T = TypeVar("T")
@@ -106,10 +109,11 @@ class ShardedQueue(ShardedAdmin):
         """Record the logical queue; a drained plain queue sharded now (its shard count in
         its stats hash allowed it, see :meth:`_record_count`) is recorded anew."""
         registry = Registry(self.client, self.config.prefix)
-        old = registry.get("belayq", self.name)
-        if old is not None and old.shards != mine.shards:
-            registry.forget("belayq", self.name)
-        return registry.record(mine)
+        with contextlib.suppress(redis.exceptions.NoPermissionError):  # warned below
+            old = registry.get("belayq", self.name)
+            if old is not None and old.shards != mine.shards:
+                registry.forget("belayq", self.name)
+        return record_or_warn(registry, mine)
 
     @_redis_errors
     def _record_count(self, shards: int) -> None:
