@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import redis
 
-from belayq import ConnectionLost
+from belayq import ConnectionLost, DurabilityError
 from belayq.admin import parse_meta
 
 
@@ -140,3 +140,21 @@ def test_close_leaves_a_claim_whose_settle_cannot_be_sent_to_its_lease(
     time.sleep(0.4)
     [again] = q.claim(timeout=1)
     assert again.id == d.id and again.deliveries == 2 and again.attempts == 2, again
+
+
+def test_the_beat_waits_for_no_replica(r, make_queue, caplog):
+    """``wait_replicas=1`` on a server with no replica: every durable call would wait and
+    raise DurabilityError. The beat's extend and the settle it retries do not wait."""
+    q = make_queue(r, wait_replicas=1, wait_timeout_ms=100, claim_starts=False)
+    with pytest.raises(DurabilityError):
+        q.publish_many([b"a", b"b"])  # stored all the same
+    held, acked = q.claim(timeout=1, count=2)
+    q.start([held])
+    q.retry_later("ack", [acked])
+    with caplog.at_level(logging.WARNING, logger="belayq"):
+        q.heartbeat()
+    assert "replica" not in caplog.text, caplog.text
+    s = q.stats()
+    assert (s["acked"], s["in_flight"]) == (1, 1), s
+    assert q.held == [held] and q.unsettled == 0
+    assert _attempts(r, q, held) == 1

@@ -6,13 +6,12 @@ more (see :meth:`HeldClaims.abandon_unsent`)."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .config import QueueConfig
 from .errors import ConnectionLost, DurabilityError
@@ -22,12 +21,20 @@ from .models import text as _text
 from .scripts import ScriptRunner
 
 log = logging.getLogger("belayq")
+T = TypeVar("T")
 
 # Every queue object, so that a forked child gets fresh locks (a keeper thread of the
 # parent may hold one at the instant of the fork, and the child would block forever on its
 # first settle) and holds nothing: the parent's claims are the parent's, and a child that
 # kept them would extend them after the parent died.
 FORKABLE: weakref.WeakSet[HeldClaims] = weakref.WeakSet()
+
+
+def _shallow_copy(obj: T, **changes: Any) -> T:
+    """A copy of ``obj`` that shares its attributes' values, but for ``changes``."""
+    twin: T = object.__new__(type(obj))
+    vars(twin).update(vars(obj), **changes)
+    return twin
 
 
 def _relock_after_fork() -> None:
@@ -232,10 +239,7 @@ class HeldClaims:
         has no wait command (the settle methods take the wait from the runner)."""
         if self._scripts.wait_command is None:
             return self
-        twin = copy.copy(self)
-        twin._scripts = copy.copy(self._scripts)
-        twin._scripts.wait_command = None
-        return twin
+        return _shallow_copy(self, _scripts=_shallow_copy(self._scripts, wait_command=None))
 
     def abandon_unsent(self) -> list[tuple[str, Delivery]]:
         """Try the waiting settlements once more, then stop holding the claims of those that
