@@ -268,7 +268,11 @@ class PrimaryWatcher:
                 periods = [period for period, _ in self._followers.values()]
                 if not periods:
                     self._thread = None
-                    return
+                    sentinels = list(self._sentinels)
+            if not periods:
+                for sentinel in sentinels:  # a later lookup connects again
+                    sentinel.connection_pool.disconnect(inuse_connections=False)
+                return
             gap = time.monotonic() - self._looked_at
             if gap < MIN_LOOKUP_GAP_S:
                 time.sleep(MIN_LOOKUP_GAP_S - gap)
