@@ -242,7 +242,7 @@ class HeldClaims:
         return _shallow_copy(self, _scripts=_shallow_copy(self._scripts, wait_command=None))
 
     def abandon_unsent(self) -> list[tuple[str, Delivery]]:
-        """Try the waiting settlements once more, then stop holding the claims of those that
+        """Try the waiting settlements once more, then no longer hold the claims of those that
         still cannot be sent, each left to its lease with a warning (``close()`` does this
         before it releases anything). No Redis call when nothing waits.
 

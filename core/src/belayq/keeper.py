@@ -4,7 +4,7 @@ Every queue that claims registers here. Its thread beats every ``heartbeat_ms``,
 from the start of one beat to the start of the next: it extends the leases of every delivery
 the queue still holds (one script call), then retries its settlements that could not reach
 Redis, then runs the queue's sweep, so expired leases anywhere in the fleet come back within
-one sweep period. One thread per queue, so a queue whose Redis stops answering stalls only
+one sweep period. One thread per queue, so a queue whose Redis no longer answers stalls only
 its own heartbeat, never another's. The beat waits on nothing but Redis's answers to those
 calls: the primary of a Sentinel-managed client is looked up off the beat
 (:mod:`belayq.primary`), which wakes the beat at once when the primary moved.

@@ -3,7 +3,7 @@
 redis-py's Sentinel pool (``Sentinel(...).master_for(name)``) asks the sentinels where the
 primary is each time it opens a connection, on the sentinel connections the user built:
 with no timeout at all by default (RQ's ``SENTINEL`` settings build them so), a sentinel
-that stops answering blocks the caller for good; with one, redis-py's retries stack up
+that no longer answers blocks the caller for good; with one, redis-py's retries stack up
 (about 15 s with ``socket_timeout=1.0``); and a sentinel that answers an error (an ACL's
 NOPERM) fails the connection even when another sentinel would have answered.
 
@@ -336,7 +336,7 @@ def follow(client: Any, follower: Any, period_s: float, wake: Callable[[], Any])
 
 
 def unfollow(follower: Any) -> None:
-    """Stop looking the primary up for ``follower`` (the pool keeps asking the watcher)."""
+    """End the lookups made for ``follower`` (the pool keeps asking the watcher)."""
     with _lock:
         watcher = _FOLLOWED.pop(follower, None)
     if watcher is not None:
