@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 from typing import Any
@@ -34,21 +33,6 @@ def connection_kwargs(client: Any) -> dict[str, Any]:
         return dict(getattr(client.nodes_manager, "connection_kwargs", {}) or {})
     pool = getattr(client, "connection_pool", None)
     return dict(getattr(pool, "connection_kwargs", {}) or {})
-
-
-def follow_primary(client: Any) -> None:
-    """Ask a Sentinel-managed client's sentinels where its primary is now. When it moved,
-    redis-py closes the pool's idle connections, and the next call reaches the new primary:
-    without this, a primary a failover left alive (``SENTINEL FAILOVER``, a healed
-    partition) keeps taking the pool's calls until Sentinel demotes it, about 10 s later,
-    and leases extended there expire on the new primary. Other clients: nothing."""
-    pool = getattr(client, "connection_pool", None)
-    ask = getattr(pool, "get_master_address", None)
-    if ask is None or not getattr(pool, "is_master", False):
-        return
-    # No sentinel answers now: the calls that follow say what they find.
-    with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
-        ask()
 
 
 def blocking_cap_s(kwargs: dict[str, Any]) -> float:

@@ -1,6 +1,7 @@
 """The claims a queue object holds: taken on claim, forgotten on settle, extended by the
 keeper's heartbeat while the process lives; and the settlements that could not reach Redis,
-which the keeper retries (see :meth:`HeldClaims.retry_later`)."""
+which the keeper retries (see :meth:`HeldClaims.retry_later`) and ``close()`` tries once
+more (see :meth:`HeldClaims.abandon_unsent`)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,17 @@ import os
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from . import client_info
 from .config import QueueConfig
 from .errors import ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
+from .scripts import ScriptRunner
 
 log = logging.getLogger("belayq")
+T = TypeVar("T")
 
 # Every queue object, so that a forked child gets fresh locks (a keeper thread of the
 # parent may hold one at the instant of the fork, and the child would block forever on its
@@ -28,9 +30,17 @@ log = logging.getLogger("belayq")
 FORKABLE: weakref.WeakSet[HeldClaims] = weakref.WeakSet()
 
 
+def _shallow_copy(obj: T, **changes: Any) -> T:
+    """A copy of ``obj`` that shares its attributes' values, but for ``changes``."""
+    twin: T = object.__new__(type(obj))
+    vars(twin).update(vars(obj), **changes)
+    return twin
+
+
 def _relock_after_fork() -> None:
     for q in list(FORKABLE):
         q._lock = threading.Lock()
+        q._retrying = threading.Lock()
         q._held = {}
         q._starting = set()
         q._unsettled = []
@@ -51,7 +61,9 @@ class HeldClaims:
     _starting: set[str]
     _unsettled: list[tuple[str, Delivery, str]]
     _lock: threading.Lock
+    _retrying: threading.Lock
     _use_keeper: bool
+    _scripts: ScriptRunner
 
     #: The settlements :meth:`retry_later` accepts.
     SETTLES = ("ack", "nack", "dead", "release")
@@ -178,14 +190,33 @@ class HeldClaims:
         """How many settlements wait for :meth:`retry_unsettled`."""
         return len(self._unsettled)
 
+    def _retry_guard(self) -> threading.Lock:
+        """The lock one pass over the waiting settlements holds (the keeper's beat, a
+        caller's :meth:`retry_unsettled` and ``close()`` may overlap), made on first use."""
+        with self._lock:
+            guard: threading.Lock | None = self.__dict__.get("_retrying")
+            if guard is None:
+                guard = self._retrying = threading.Lock()
+        return guard
+
     def retry_unsettled(self) -> int:
         """Try the settlements :meth:`retry_later` keeps, in order; stop at the first that
-        still cannot reach Redis. Returns how many are left (the keeper calls this)."""
+        still cannot reach Redis. Returns how many are left (the keeper calls this).
+
+        A retried settlement does not wait for replicas (``wait_replicas``): whoever settled
+        has moved on, so no one could act on a ``DurabilityError``, and the write reaches
+        the replicas all the same; the wait would only hold up the lease keeper's beat,
+        and so the next extend of every lease the process holds."""
+        with self._retry_guard():
+            return self._retry_pass()
+
+    def _retry_pass(self) -> int:
         with self._lock:
             pending, self._unsettled = self._unsettled, []
+        settler = self._without_replica_waits() if pending else self
         for i, (op, d, reason) in enumerate(pending):
             try:
-                ok = self._settle_one(op, d, reason)
+                ok = settler._settle_one(op, d, reason)
             except ConnectionLost:
                 with self._lock:
                     self._unsettled[:0] = pending[i:]
@@ -202,6 +233,50 @@ class HeldClaims:
                             "it was redelivered", op, d.id, self.name)
         return len(self._unsettled)
 
+    def _without_replica_waits(self) -> HeldClaims:
+        """This queue object, but settling without waiting for replicas: a shallow copy,
+        so it shares the held claims and their lock, with a script runner of its own that
+        has no wait command (the settle methods take the wait from the runner)."""
+        if self._scripts.wait_command is None:
+            return self
+        return _shallow_copy(self, _scripts=_shallow_copy(self._scripts, wait_command=None))
+
+    def abandon_unsent(self) -> list[tuple[str, Delivery]]:
+        """Try the waiting settlements once more, then no longer hold the claims of those that
+        still cannot be sent, each left to its lease with a warning (``close()`` does this
+        before it releases anything). No Redis call when nothing waits.
+
+        Such a claim is not released: a release hands the message back as a delivery that
+        never ran, so a finished message would run again, and a nacked or dead-lettered one
+        would lose the count of its failed run (a poison message could escape
+        ``max_deliveries``). Nor is it kept: nothing would extend its lease after
+        ``close()``, and a settle retried after the lease ran out is refused. When its lease
+        runs out, the sweep puts the message back as a run that counted.
+
+        Returns:
+            ``(op, delivery)`` of each settlement given up.
+        """
+        with self._retry_guard():
+            if self._unsettled:
+                try:
+                    self._retry_pass()
+                except Exception as exc:  # what is left below is left to its lease
+                    log.warning("retrying the settlements of %s before closing: %s",
+                                self.name, exc)
+            with self._lock:
+                left, self._unsettled = self._unsettled, []
+                for _, d, _ in left:
+                    if d.id in self._held and self._held[d.id].token == d.token:
+                        del self._held[d.id]
+                        self._starting.discard(d.id)
+        for op, d, _ in left:
+            log.warning(
+                "could not %s %s of %s before closing (Redis unreachable): left to its "
+                "lease; the message will be delivered again when it runs out", op, d.id,
+                self.name,
+            )
+        return [(op, d) for op, d, _ in left]
+
     def _settle_one(self, op: str, d: Delivery, reason: str) -> bool:
         if op == "ack":
             return self.ack_many([d])[0]
@@ -212,27 +287,21 @@ class HeldClaims:
         return self.release([d]) == 1
 
     def heartbeat(self) -> None:
-        """Retry the settlements that could not reach Redis, extend every held lease
-        (reporting the starts since the last beat) and run the sweep (the keeper calls
-        this). A Sentinel-managed client first asks where the primary is, so the beats
-        follow a failover at once (:func:`~belayq.client_info.follow_primary`)."""
-        client_info.follow_primary(self.client)
-        if self._unsettled:
-            self.retry_unsettled()
+        """Extend every held lease (reporting the starts since the last beat), then retry
+        the settlements that could not reach Redis, then run the sweep (the keeper calls
+        this). The beat waits on nothing but Redis's answers to those calls: no extend and
+        no retried settle waits for replicas, and no sentinel is asked (a Sentinel-managed
+        client's primary is looked up off the beat, see :mod:`belayq.primary`)."""
         held = self.held
         if held:
             # A claim settled while this runs is refused here without counting as stale.
-            try:
-                extended = self._extend(held, count_stale=False)
-            except DurabilityError as exc:
-                # The leases were extended on the primary (no replica confirmed it, e.g.
-                # a promoted master that has none yet): the sweep must still run.
-                log.warning("lease heartbeat of %s: %s", self.name, exc)
-                extended = [True] * len(held)
+            extended = self._extend(held, count_stale=False)
             for d, ok in zip(held, extended, strict=True):
                 if not ok and self._still_held(d):
                     log.warning(
                         "lease of %s on %s was lost; it will be redelivered", d.id, self.name
                     )
                     self._forget([d])
+        if self._unsettled:
+            self.retry_unsettled()
         self.sweep()

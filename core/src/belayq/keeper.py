@@ -1,10 +1,13 @@
 """The lease keeper: a daemon thread per kept queue that keeps the process's leases alive.
 
-Every queue that claims registers here. Its thread extends the leases of every delivery
-the queue still holds (one script call), retries its settlements that could not reach
-Redis, and runs the queue's sweep, so expired leases anywhere in the fleet come back within
-one sweep period. One thread per queue, so
-a queue whose Redis stops answering stalls only its own heartbeat, never another's.
+Every queue that claims registers here. Its thread beats every ``heartbeat_ms``, measured
+from the start of one beat to the start of the next: it extends the leases of every delivery
+the queue still holds (one script call), then retries its settlements that could not reach
+Redis, then runs the queue's sweep, so expired leases anywhere in the fleet come back within
+one sweep period. One thread per queue, so a queue whose Redis no longer answers stalls only
+its own heartbeat, never another's. The beat waits on nothing but Redis's answers to those
+calls: the primary of a Sentinel-managed client is looked up off the beat
+(:mod:`belayq.primary`), which wakes the beat at once when the primary moved.
 
 A thread needs the GIL for a few microseconds per tick. Pure-Python CPU-bound work yields
 it every ``sys.getswitchinterval()`` (5 ms), so the keeper keeps up; a C extension that
@@ -19,14 +22,19 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
+
+from . import primary
 
 log = logging.getLogger("belayq.keeper")
 
 
 class KeptQueue(Protocol):
     """What the keeper needs from a queue."""
+
+    client: Any
 
     def heartbeat(self) -> None: ...
 
@@ -41,6 +49,9 @@ class LeaseKeeper:
         self._stops: weakref.WeakKeyDictionary[KeptQueue, threading.Event] = (
             weakref.WeakKeyDictionary()
         )
+        self._wakes: weakref.WeakKeyDictionary[KeptQueue, threading.Event] = (
+            weakref.WeakKeyDictionary()
+        )
         self._lock = threading.Lock()
         self.ticks = 0
 
@@ -51,11 +62,13 @@ class LeaseKeeper:
         with self._lock:
             if queue in self._stops:
                 return
-            stop = threading.Event()
+            stop, wake = threading.Event(), threading.Event()
             self._stops[queue] = stop
+            self._wakes[queue] = wake
+            primary.follow(queue.client, queue, queue.heartbeat_ms / 1000, wake.set)
             threading.Thread(
                 target=self._run,
-                args=(weakref.ref(queue), stop),
+                args=(weakref.ref(queue), stop, wake),
                 name="belayq-lease-keeper",
                 daemon=True,
             ).start()
@@ -64,29 +77,46 @@ class LeaseKeeper:
         """Stop keeping ``queue``'s leases."""
         with self._lock:
             stop = self._stops.pop(queue, None)
-        if stop is not None:
-            stop.set()
+            wake = self._wakes.pop(queue, None)
+        primary.unfollow(queue)
+        for event in (stop, wake):
+            if event is not None:
+                event.set()
 
     def stop_all(self) -> None:
         """Stop keeping every queue (tests and shutdown hooks; a later claim registers again)."""
         with self._lock:
-            stops = list(self._stops.values())
+            queues = list(self._stops.keys())
+            events = [*self._stops.values(), *self._wakes.values()]
             self._stops = weakref.WeakKeyDictionary()
-        for stop in stops:
-            stop.set()
+            self._wakes = weakref.WeakKeyDictionary()
+        for queue in queues:
+            primary.unfollow(queue)
+        for event in events:
+            event.set()
 
-    def _run(self, ref: weakref.ref[KeptQueue], stop: threading.Event) -> None:
+    def _run(
+        self, ref: weakref.ref[KeptQueue], stop: threading.Event, wake: threading.Event
+    ) -> None:
+        started = time.monotonic()
         while True:
             queue = ref()
             if queue is None:
                 return
             period = queue.heartbeat_ms / 1000
             del queue
-            if stop.wait(period):
+            # From the start of the last beat: a slow beat does not push the next one back
+            # by a whole period.
+            delay = started + period - time.monotonic()
+            if delay > 0:
+                wake.wait(delay)
+            wake.clear()
+            if stop.is_set():
                 return
             queue = ref()
             if queue is None:
                 return
+            started = time.monotonic()
             try:
                 queue.heartbeat()
             except Exception as exc:  # a Redis blip must not kill the keeper
@@ -97,6 +127,7 @@ class LeaseKeeper:
     def _after_fork(self) -> None:
         # Threads do not survive a fork; a child that claims starts its own.
         self._stops = weakref.WeakKeyDictionary()
+        self._wakes = weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
 
 

@@ -352,16 +352,19 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
 
     def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
         with self._lock:
-            starting = set(self._starting)
+            reported = {d.id for d in deliveries if d.id in self._starting}
         args: list[Arg] = []
         for d in deliveries:
-            args += [d.id, d.token, "1" if d.id in starting else "0"]
+            args += [d.id, d.token, "1" if d.id in reported else "0"]
+        # Never waits for replicas: an extend a failover loses costs nothing (the claim's
+        # lease on the promoted replica is only shorter), and the wait would hold up the
+        # lease keeper's beat.
         reply = self._scripts.run(
-            "extend", self.config.lease_ms, "1" if count_stale else "0", *args,
-            durable=self.config.durable,
+            "extend", self.config.lease_ms, "1" if count_stale else "0", *args
         )
         with self._lock:
-            self._starting.difference_update(d.id for d in deliveries)
+            # Only the reports sent: start() may have added others while this was on its way.
+            self._starting.difference_update(reported)
         return [bool(int(x)) for x in reply]
 
     @_redis_errors
@@ -395,9 +398,15 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
 
     def close(self, *, release: bool = True) -> None:
         """Stop keeping leases; hand unsettled claims back first when ``release`` (else
-        they return after their lease). A later claim opens the queue again."""
+        they return after their lease). A later claim opens the queue again.
+
+        The settlements still waiting for Redis (:meth:`retry_later`) are tried once more
+        first; a claim whose settlement still cannot be sent is never released: it is left
+        to its lease, with a warning (see :meth:`abandon_unsent` for why)."""
         with self._lock:
             KEEPER.unregister(self)
+        self.abandon_unsent()
+        with self._lock:
             held = list(self._held.values())
             if not release:
                 self._held.clear()
