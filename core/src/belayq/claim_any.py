@@ -25,14 +25,15 @@ On Redis Cluster the same is done with the connection pool of each queue's node 
 of one queue share a slot); a redirection (MOVED/ASK during a resharding) ends the round
 as if nothing came, and the next non-blocking try refreshes the slot map.
 
-Clients without plain TCP or Unix sockets fall back to something slower but correct:
+TLS connections are waited on the same way. A TLS connection may hold reply bytes that a
+select no longer sees (taken off the socket and decrypted, or in redis-py's read buffer),
+so before each select every connection is asked whether a reply can be read now
+(:meth:`BlockingClaim.buffered`), and after a select only the connections that say so are
+read.
 
-* TLS connections: BLMOVE on the highest-priority queue in slices of ``FALLBACK_SLICE_S``
-  and a non-blocking try of every queue between slices. Pickup is immediate on the first
-  queue; on the others it waits for the slice to end, which Redis rounds up to its timer
-  period (100 ms at the default ``hz 10``).
-* fakeredis (its blocking commands return at once): a non-blocking try of every queue,
-  then a sleep of ``FALLBACK_SLICE_S``; pickup takes up to one slice on every queue.
+fakeredis (its blocking commands return at once) gets a slower but correct fallback: a
+non-blocking try of every queue, then a sleep of ``FALLBACK_SLICE_S``; pickup takes up to
+one slice on every queue.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ from .models import Delivery
 from .queue import ReliableQueue
 
 FALLBACK_SLICE_S = 0.05
-"""Longest wait of one fallback round (s): the pickup latency of the slower paths."""
+"""Longest wait of one fallback round (s): the pickup latency of fakeredis."""
 
 
 def claim_any(
@@ -107,8 +108,6 @@ def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -
             wait = min(wait, max(due_ms, 1) / 1000)
         if mode == "select":
             entries = _wait_select_through_failover(queues, wait)
-        elif mode == "slices":
-            entries = _wait_first(queues[0], min(wait, FALLBACK_SLICE_S))
         else:
             time.sleep(min(wait, FALLBACK_SLICE_S))
             entries = []
@@ -162,28 +161,11 @@ def _give_back(claims: list[tuple[ReliableQueue, Delivery]]) -> None:
 
 
 def _wait_mode(queues: Sequence[ReliableQueue]) -> str:
-    """``select`` (plain sockets), ``slices`` (TLS) or ``sleep`` (fakeredis)."""
-    modes = set()
+    """``select``, or ``sleep`` for fakeredis."""
     for q in queues:
-        client = q.client
-        if type(client).__module__.split(".")[0] == "fakeredis":
-            modes.add("sleep")
-        elif client_info.is_cluster(client):
-            tls = bool(client_info.connection_kwargs(client).get("ssl"))
-            modes.add("slices" if tls else "select")
-        else:
-            conn_class = getattr(client.connection_pool, "connection_class", None)
-            tls = conn_class is not None and "SSL" in conn_class.__name__
-            modes.add("slices" if tls else "select")
-    for mode in ("sleep", "slices"):
-        if mode in modes:
-            return mode
+        if type(q.client).__module__.split(".")[0] == "fakeredis":
+            return "sleep"
     return "select"
-
-
-def _wait_first(q: ReliableQueue, wait: float) -> list[tuple[int, bytes]]:
-    entry = q.client.execute_command(*q.blmove_command(wait))
-    return [] if entry is None else [(0, bytes(entry))]
 
 
 def _wait_select_through_failover(
@@ -225,20 +207,20 @@ def _read_until_first(
     with selectors.DefaultSelector() as sel:
         for c in claims:
             sel.register(c.sock, selectors.EVENT_READ, c)
-        while not entries and any(c.waiting for c in claims):
-            ready = [c for c in claims if c.waiting and c.buffered()]
-            if not ready:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                ready = [key.data for key, _ in sel.select(left)]
+        ready = [c for c in claims if c.waiting and c.buffered()]
+        while True:
             for c in ready:
-                if not c.waiting:
-                    continue
+                sel.unregister(c.sock)  # before the read, which closes it on an error
                 entry = c.read()
-                sel.unregister(c.sock)
                 if entry is not None:
                     entries.append((index[id(c)], entry))
+            if entries or not any(c.waiting for c in claims):
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            # A TLS socket may turn readable with no reply to read yet.
+            ready = [c for key, _ in sel.select(left) if (c := key.data).waiting and c.buffered()]
 
 
 def _cancel(claims: list[BlockingClaim], entries: list[tuple[int, bytes]]) -> None:
