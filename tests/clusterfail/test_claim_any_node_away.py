@@ -33,7 +33,8 @@ from typing import Any
 import pytest
 import redis
 
-from belayq import ShardedQueue
+from belayq import ConnectionLost, ReliableQueue, ShardedQueue
+from belayq.claim_any import claim_any
 from belayq.embedded import RedisClusterServers
 from belayq.keeper import KEEPER
 from tests.conftest import any_binary
@@ -171,3 +172,38 @@ def test_a_consumer_of_several_nodes_keeps_claiming_while_one_node_is_away(
     assert slowest < 1.0, sorted(during.items(), key=lambda x: -x[1])[:5]
     assert idle and idle[0] < 40, f"{idle} sends in an idle second: a busy loop?"
     assert consumer.claimed[after] - published[after] < 5
+
+
+def test_connection_lost_comes_only_when_every_queue_was_away_for_cluster_retry_ms() -> None:
+    """A master killed with no replica to take over: ``claim_any`` over its queue and a
+    queue on a live master keeps serving the live one past ``cluster_retry_ms``; over the
+    dead master's queue alone it raises ConnectionLost once that queue has been away for
+    that long (at once when it has been already; the next call tries it afresh)."""
+    cluster = RedisClusterServers(any_binary())
+    try:
+        cluster.start()
+        client = cluster_client(cluster)
+        tag = uuid.uuid4().hex[:6]
+        qs = [ReliableQueue(client, f"away-{tag}-{i}", keeper=False, cluster_retry_ms=1000)
+              for i in range(12)]  # fmt: skip
+        by_master = {cluster.master_of_key(q.keys.ready).port: q for q in qs}
+        assert len(by_master) == 3
+        dead_port, dead = next(iter(by_master.items()))
+        live = next(q for port, q in by_master.items() if port != dead_port)
+        # Loads the scripts on every master: a node that lacks them has them loaded on every
+        # master, which a dead one refuses.
+        assert claim_any([dead, live], timeout=0) == []
+        cluster.kill(next(n for n in cluster.nodes if n.port == dead_port))
+        t0 = time.monotonic()
+        assert claim_any([dead, live], timeout=2.0) == []  # no error: the live one answers
+        assert 1.9 < time.monotonic() - t0 < 10
+        msg_id = live.publish(b"still served")
+        assert [d.id for d in claim_any([dead, live], timeout=2.0)] == [msg_id]
+        for fresh in (False, True):  # away for seconds already; then tried afresh
+            t0 = time.monotonic()
+            with pytest.raises(ConnectionLost, match="no queue's cluster node could be reached"):
+                claim_any([dead], timeout=None)
+            assert (0.9 if fresh else 0) < time.monotonic() - t0 < 10
+        client.close()
+    finally:
+        cluster.stop()
