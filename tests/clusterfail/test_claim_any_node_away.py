@@ -13,7 +13,7 @@ Two set-ups:
   ``cluster-require-full-coverage yes``: between the moment the cluster marks the master
   failed and its replica's promotion, every master answers CLUSTERDOWN (nothing can be
   claimed anywhere then; the consumer rides it out).
-* ``partial``: ``cluster-node-timeout`` 5000 ms and ``cluster-require-full-coverage no``:
+* ``partial``: ``cluster-node-timeout`` 3000 ms and ``cluster-require-full-coverage no``:
   the healthy masters serve all along, and the shard stays away for several seconds.
 
 What the consumer's thread sends is counted client-side (one count per command or
@@ -42,11 +42,11 @@ from tests.support import wait_for
 
 from .conftest import cluster_client
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 SETUPS = {
     "default": (1500, []),
-    "partial": (5000, ["--cluster-require-full-coverage", "no"]),
+    "partial": (3000, ["--cluster-require-full-coverage", "no"]),
 }
 
 
@@ -131,7 +131,7 @@ def test_a_consumer_of_several_nodes_keeps_claiming_while_one_node_is_away(
             i = 0
             while not promoted.is_set():
                 if i == 5:  # an idle second: what does the consumer send meanwhile?
-                    time.sleep(0.5)  # its last claims are done
+                    time.sleep(1.0)  # its last claims are done, its looks at 0.5 s apart
                     before = sent[consumer.thread]  # type: ignore[index]
                     time.sleep(1.0)
                     idle.append(sent[consumer.thread] - before)  # type: ignore[index]
@@ -143,7 +143,8 @@ def test_a_consumer_of_several_nodes_keeps_claiming_while_one_node_is_away(
 
         producing = threading.Thread(target=produce, daemon=True)
         producing.start()
-        promoted_s = cluster.wait_promoted(replica, timeout_s=60)
+        # An election a loaded box lets time out is held again 4 node timeouts later.
+        promoted_s = cluster.wait_promoted(replica, timeout_s=120)
         promoted.set()
         producing.join(30)
         after = b"victim-after-failover"
@@ -170,7 +171,7 @@ def test_a_consumer_of_several_nodes_keeps_claiming_while_one_node_is_away(
           "its publish")  # fmt: skip
     assert len(during) >= 5
     assert slowest < 1.0, sorted(during.items(), key=lambda x: -x[1])[:5]
-    assert idle and idle[0] < 40, f"{idle} sends in an idle second: a busy loop?"
+    assert idle and idle[0] < 25, f"{idle} sends in an idle second: a busy loop?"
     assert consumer.claimed[after] - published[after] < 5
 
 
