@@ -213,8 +213,8 @@ def test_dedup_ids_hash_to_one_shard_so_dedup_still_holds(
 
 
 def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
-    cluster: RedisCluster, cluster_servers: RedisClusterServers, name: str,
-    opened: list[ShardedQueue], monkeypatch: pytest.MonkeyPatch,
+    cluster_servers: RedisClusterServers, name: str, opened: list[ShardedQueue],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     # What the consumer's thread sends, counted client-side (one send per command or
     # pipeline): on the shared cluster, other tests' lease keepers may talk to the nodes, so
@@ -227,22 +227,29 @@ def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
         send(self, command, check_health)
 
     monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    q = sharded(opened, cluster, name, shards=3)
+    # The consumer's connections carry a name of their own, so the nodes' client lists tell
+    # its BLMOVEs apart from any other client's, blocked or not, on the shared cluster.
+    me = f"consumer-{name}"
+    client = RedisCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in cluster_servers.startup_nodes],
+        client_name=me,
+    )
+    q = sharded(opened, client, name, shards=3)
     nodes = node_clients(cluster_servers)
 
     def blocked() -> list[int]:
-        return [int(c.info("clients")["blocked_clients"]) for c in nodes]
+        """Per node, this consumer's connections blocked in BLMOVE."""
+        return [sum(1 for x in c.client_list() if x.get("name") == me
+                    and "b" in x.get("flags", "") and x.get("cmd") == "blmove")
+                for c in nodes]  # fmt: skip
 
     for target in q.shards:
         out: list[list[Delivery]] = []
-        base = blocked()  # another test's consumer may be blocked on the shared cluster
         t = threading.Thread(target=lambda out=out: out.append(q.claim(timeout=20)))
         t.start()
-        # 3 claim scripts and 3 BLMOVEs at least (counting works), and a client blocked on
-        # every node (another test's leftover may be blocked too: the count says it is us).
-        wait_for(lambda base=base, t=t: sent[t] >= 6
-                 and all(n > b for n, b in zip(blocked(), base, strict=True)),
-                 10, "a BLMOVE blocked on every node")  # fmt: skip
+        # 3 claim scripts and 3 BLMOVEs at least (counting works), one blocked on each node.
+        wait_for(lambda t=t: sent[t] >= 6 and blocked() == [1, 1, 1], 10,
+                 lambda: f"a BLMOVE blocked on every node: {blocked()}")  # fmt: skip
         settled = [sent[t]]
 
         def quiet(t: threading.Thread = t, settled: list[int] = settled) -> bool:
@@ -262,9 +269,10 @@ def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
         assert [(d.id, d.shard) for d in out[0]] == [(msg_id, target.name)]
         assert waited < 2.0, waited
         assert q.ack(out[0][0])
-        wait_for(lambda base=base: blocked() == base, 5, "the other shards' BLMOVEs released")
+        wait_for(lambda: blocked() == [0, 0, 0], 5, "the other shards' BLMOVEs released")
     for c in nodes:
         c.close()
+    client.close()
 
 
 def test_an_idle_consumer_creates_no_keys(

@@ -131,8 +131,17 @@ class BlockingClaim:
         return got, due_ms
 
     def buffered(self) -> bool:
-        """Whether a reply is already buffered (a select would not report it)."""
-        return bool(self.conn.can_read(timeout=0))
+        """Whether the reply can be read now, without waiting: redis-py's parser has its
+        bytes, or the TLS layer holds them decrypted (a select on the socket no longer
+        reports either), or the socket is readable. With redis-py's own parser this reads
+        what the socket holds, so a TLS record that carries no reply says False. A
+        connection error closes the connection (as :meth:`read`)."""
+        try:
+            return bool(self.conn.can_read(timeout=0))
+        except Exception:
+            self.conn.disconnect()
+            self.sent_at = None
+            raise
 
     @property
     def redirected(self) -> bool:

@@ -15,6 +15,12 @@ are empty it blocks on every queue at the same time, with no polling:
    deliveries beyond ``count`` are handed back to the front with
    :meth:`~ReliableQueue.release`.
 
+TLS connections are waited on the same way. A TLS connection may hold reply bytes that a
+select no longer sees (taken off the socket and decrypted, or in redis-py's read buffer),
+so before each select every connection is asked whether a reply can be read now
+(:meth:`BlockingClaim.buffered`), and after a select only the connections that say so are
+read.
+
 No entry is ever only in this process's memory: between the BLMOVE and its lease an entry
 sits in a processing list, where the sweep gives it a provisional lease and returns it
 after ``lease_ms`` if this process dies. A connection that cannot be unblocked (no
@@ -22,17 +28,18 @@ permission for CLIENT UNBLOCK, an error mid-way) is closed instead, with the sam
 guarantee.
 
 On Redis Cluster the same is done with the connection pool of each queue's node (all keys
-of one queue share a slot); a redirection (MOVED/ASK during a resharding) ends the round
-as if nothing came, and the next non-blocking try refreshes the slot map.
+of one queue share a slot), and each node fails on its own (:mod:`belayq.away`): a queue
+whose node cannot be reached is skipped and looked at again now and then, while the other
+queues are claimed from and blocked on as usual; their blocked round goes on through a
+look that finds the node still away. A BLMOVE answered by a redirection (MOVED/ASK,
+UNBLOCKED after a failover) ends the round as if nothing came, and the next try re-routes.
+``ConnectionLost`` is raised only when every queue has been away for longer than its
+``cluster_retry_ms``. An entry whose BLMOVE answered just before its node went away waits
+in that node's landing zone for the sweep.
 
-Clients without plain TCP or Unix sockets fall back to something slower but correct:
-
-* TLS connections: BLMOVE on the highest-priority queue in slices of ``FALLBACK_SLICE_S``
-  and a non-blocking try of every queue between slices. Pickup is immediate on the first
-  queue; on the others it waits for the slice to end, which Redis rounds up to its timer
-  period (100 ms at the default ``hz 10``).
-* fakeredis (its blocking commands return at once): a non-blocking try of every queue,
-  then a sleep of ``FALLBACK_SLICE_S``; pickup takes up to one slice on every queue.
+fakeredis (its blocking commands return at once) gets a slower but correct fallback: a
+non-blocking try of every queue, then a sleep of ``FALLBACK_SLICE_S``; pickup takes up to
+one slice on every queue.
 """
 
 from __future__ import annotations
@@ -43,15 +50,17 @@ from collections.abc import Sequence
 
 import redis
 
+from . import away as node_away
 from . import client_info
+from .away import NODE_AWAY, Errors
 from .blocking import BlockingClaim
-from .constants import CLAIM_ANY_ROUND_MAX_S, CLUSTER_RETRY_FIRST_PAUSE_S
+from .constants import BLOCK_ROUND_MIN_S, CLAIM_ANY_ROUND_MAX_S
 from .errors import ConfigError, ConnectionLost, drop_connections, left_primary
 from .models import Delivery
 from .queue import ReliableQueue
 
 FALLBACK_SLICE_S = 0.05
-"""Longest wait of one fallback round (s): the pickup latency of the slower paths."""
+"""Longest wait of one fallback round (s): the pickup latency of fakeredis."""
 
 
 def claim_any(
@@ -70,7 +79,8 @@ def claim_any(
 
     Raises:
         ConfigError: No queues, the same queue twice, or a bad ``count``.
-        ConnectionLost: Redis could not be reached.
+        ConnectionLost: Redis could not be reached (on a cluster: no queue's node could,
+            for longer than ``cluster_retry_ms``).
     """
     if not queues:
         raise ConfigError("claim_any needs at least one queue")
@@ -92,11 +102,13 @@ def claim_any(
 
 def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -> list[Delivery]:
     deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-    mode = _wait_mode(queues)
-    if mode == "select" and len(queues) == 1 and not client_info.is_cluster(queues[0].client):
+    fake = any(type(q.client).__module__.split(".")[0] == "fakeredis" for q in queues)
+    # On a cluster a node that is away costs only its own queues (see the module notes).
+    away: Errors = NODE_AWAY if any(client_info.is_cluster(q.client) for q in queues) else ()
+    if not fake and not away and len(queues) == 1:
         return queues[0].claim(timeout, count)
     while True:
-        got, due_ms = _try_each(queues, count)
+        got, due_ms = _try_each(queues, count, away)
         if got or timeout == 0:
             return got
         wait = CLAIM_ANY_ROUND_MAX_S if deadline is None else deadline - time.monotonic()
@@ -105,25 +117,36 @@ def _claim_any(queues: list[ReliableQueue], timeout: float | None, count: int) -
         wait = min(wait, CLAIM_ANY_ROUND_MAX_S)
         if due_ms >= 0:  # a delayed message falls due: try again then
             wait = min(wait, max(due_ms, 1) / 1000)
-        if mode == "select":
-            entries = _wait_select_through_failover(queues, wait)
-        elif mode == "slices":
-            entries = _wait_first(queues[0], min(wait, FALLBACK_SLICE_S))
-        else:
+        if fake:
             time.sleep(min(wait, FALLBACK_SLICE_S))
-            entries = []
-        got = _lease_all(queues, entries, count)
+            continue
+        got = _lease_all(queues, _wait_select(queues, wait, away), count, away)
         if got:
             return got
 
 
-def _try_each(queues: list[ReliableQueue], count: int) -> tuple[list[Delivery], int]:
-    """Non-blocking claims in priority order until ``count`` is reached."""
+def _try_each(queues: list[ReliableQueue], count: int, away: Errors) -> tuple[list[Delivery], int]:
+    """Non-blocking claims in priority order until ``count`` is reached, skipping the
+    queues that are away until their next try."""
     got: list[tuple[ReliableQueue, Delivery]] = []
     due_ms = -1
+    failed = False
     try:
         for q in queues:
-            more, due = q.try_claim(count - len(got))
+            if node_away.is_away(q):
+                if node_away.resting(q):
+                    continue
+                if not node_away.look(q):
+                    failed = True
+                    continue
+            n = count - len(got)
+            try:
+                more, due = q.try_claim(n, patient=False) if away else q.try_claim(n)
+            except away as exc:
+                node_away.went_away(q, exc)
+                failed = True
+                continue
+            node_away.came_back(q)
             got.extend((q, d) for d in more)
             if due >= 0:
                 due_ms = due if due_ms < 0 else min(due_ms, due)
@@ -132,18 +155,26 @@ def _try_each(queues: list[ReliableQueue], count: int) -> tuple[list[Delivery], 
     except BaseException:
         _give_back(got)
         raise
+    if failed and not got:
+        node_away.give_up_if_all_away(queues)
     return [d for _, d in got], due_ms
 
 
 def _lease_all(
-    queues: list[ReliableQueue], entries: list[tuple[int, bytes]], count: int
+    queues: list[ReliableQueue], entries: list[tuple[int, bytes]], count: int, away: Errors
 ) -> list[Delivery]:
     """Lease every BLMOVE-d entry (highest priority first); hand back what exceeds count."""
     got: list[tuple[ReliableQueue, Delivery]] = []
     try:
         for i, entry in sorted(entries, key=lambda e: e[0]):
-            leased, _ = queues[i].lease_claimed(entry, 1)
-            got.extend((queues[i], d) for d in leased)
+            q = queues[i]
+            try:
+                reply = q.lease_claimed(entry, patient=False) if away else q.lease_claimed(entry)
+                leased = reply[0]
+            except away as exc:  # the entry waits in the node's landing zone for the sweep
+                node_away.went_away(q, exc)
+                continue
+            got.extend((q, d) for d in leased)
     except BaseException:
         _give_back(got)  # entries not leased yet sit in landing zones: the sweep finds them
         raise
@@ -161,105 +192,123 @@ def _give_back(claims: list[tuple[ReliableQueue, Delivery]]) -> None:
             q.forget([d])
 
 
-def _wait_mode(queues: Sequence[ReliableQueue]) -> str:
-    """``select`` (plain sockets), ``slices`` (TLS) or ``sleep`` (fakeredis)."""
-    modes = set()
-    for q in queues:
-        client = q.client
-        if type(client).__module__.split(".")[0] == "fakeredis":
-            modes.add("sleep")
-        elif client_info.is_cluster(client):
-            tls = bool(client_info.connection_kwargs(client).get("ssl"))
-            modes.add("slices" if tls else "select")
-        else:
-            conn_class = getattr(client.connection_pool, "connection_class", None)
-            tls = conn_class is not None and "SSL" in conn_class.__name__
-            modes.add("slices" if tls else "select")
-    for mode in ("sleep", "slices"):
-        if mode in modes:
-            return mode
-    return "select"
+# -- waiting on every queue at once -----------------------------------------------------------
 
 
-def _wait_first(q: ReliableQueue, wait: float) -> list[tuple[int, bytes]]:
-    entry = q.client.execute_command(*q.blmove_command(wait))
-    return [] if entry is None else [(0, bytes(entry))]
+Claims = list[tuple[int, BlockingClaim]]  # (the queue's position, its claim)
 
 
-def _wait_select_through_failover(
-    queues: list[ReliableQueue], wait: float
-) -> list[tuple[int, bytes]]:
-    """:func:`_wait_select`; on a cluster, a node lost mid-wait (its master killed or
-    failing over) ends the round empty: the next round's non-blocking claims wait for the
-    slot's new owner (``cluster_retry_ms``) and the BLMOVEs after them go there. An entry a
-    lost BLMOVE had taken waits in its landing zone for the sweep."""
-    try:
-        return _wait_select(queues, wait)
-    except (redis.ConnectionError, redis.TimeoutError):
-        if not any(client_info.is_cluster(q.client) for q in queues):
-            raise
-        time.sleep(CLUSTER_RETRY_FIRST_PAUSE_S)
-        return []
-
-
-def _wait_select(queues: list[ReliableQueue], wait: float) -> list[tuple[int, bytes]]:
-    claims = [BlockingClaim(q) for q in queues]
+def _wait_select(queues: list[ReliableQueue], wait: float, away: Errors) -> list[tuple[int, bytes]]:
+    """BLMOVE on every queue that is not away; the entries of the first reply(ies)."""
+    claims: Claims = []
     entries: list[tuple[int, bytes]] = []
     try:
-        for c in claims:
-            c.send(wait)
-        _read_until_first(claims, entries, wait + 1.0)
-        _cancel(claims, entries)
+        for i, q in enumerate(queues):
+            if node_away.is_away(q):  # tried again by the next round, once a look says so
+                continue
+            c = BlockingClaim(q)
+            claims.append((i, c))
+            try:
+                c.send(wait)
+            except away as exc:
+                node_away.went_away(q, exc)
+        waiting = [(i, c) for i, c in claims if c.waiting]
+        if not waiting:  # every queue is away: wait for the next look
+            look_at = node_away.next_look(queues)
+            left = wait if look_at is None else look_at - time.monotonic()
+            time.sleep(max(BLOCK_ROUND_MIN_S, min(wait, left)))
+            return entries
+        _read_until_first(waiting, entries, wait + 1.0, queues, away)
+        _cancel(waiting, entries, away)
     finally:
-        for c in claims:
+        for _, c in claims:
             c.close()
     return entries
 
 
+def _with_reply(claims: Claims, away: Errors) -> Claims | None:
+    """The claims whose reply can be read now; None when one's node went away."""
+    out: Claims = []
+    for i, c in claims:
+        try:
+            if c.waiting and c.buffered():
+                out.append((i, c))
+        except away as exc:
+            node_away.went_away(c.queue, exc)
+            return None
+    return out
+
+
 def _read_until_first(
-    claims: list[BlockingClaim], entries: list[tuple[int, bytes]], limit_s: float
+    claims: Claims,
+    entries: list[tuple[int, bytes]],
+    limit_s: float,
+    queues: list[ReliableQueue],
+    away: Errors,
 ) -> None:
-    """Read replies until one is an entry, every queue answered nil, or ``limit_s``."""
+    """Read replies until one is an entry, every queue answered nil, ``limit_s`` passed,
+    or (on a cluster) a queue's node went away, redirected it, or came back."""
     deadline = time.monotonic() + limit_s
-    index = {id(c): i for i, c in enumerate(claims)}
     with selectors.DefaultSelector() as sel:
-        for c in claims:
-            sel.register(c.sock, selectors.EVENT_READ, c)
-        while not entries and any(c.waiting for c in claims):
-            ready = [c for c in claims if c.waiting and c.buffered()]
-            if not ready:
-                left = deadline - time.monotonic()
-                if left <= 0:
+        for i, c in claims:
+            sel.register(c.sock, selectors.EVENT_READ, (i, c))
+        ready = _with_reply(claims, away)
+        while ready is not None:
+            for i, c in ready:
+                sel.unregister(c.sock)  # before the read, which closes it on an error
+                try:
+                    entry = c.read()
+                except away as exc:
+                    node_away.went_away(c.queue, exc)
                     return
-                ready = [key.data for key, _ in sel.select(left)]
-            for c in ready:
-                if not c.waiting:
-                    continue
-                entry = c.read()
-                sel.unregister(c.sock)
                 if entry is not None:
-                    entries.append((index[id(c)], entry))
+                    entries.append((i, entry))
+                elif away and c.redirected:  # the slot is served elsewhere: re-route
+                    return
+            if entries or not any(c.waiting for _, c in claims):
+                return
+            now = time.monotonic()
+            look_at = node_away.next_look(queues) if away else None
+            if look_at is not None and look_at <= now:
+                if _any_back(queues):  # a new round tries it (and blocks on it)
+                    return
+                continue
+            left = deadline - now if look_at is None else min(deadline, look_at) - now
+            if deadline <= now:
+                return
+            ready = _with_reply([key.data for key, _ in sel.select(left)], away)
 
 
-def _cancel(claims: list[BlockingClaim], entries: list[tuple[int, bytes]]) -> None:
+def _any_back(queues: list[ReliableQueue]) -> bool:
+    """Look at the away queues that are due; whether one may be tried again."""
+    due = [q for q in queues if node_away.is_away(q) and not node_away.resting(q)]
+    return any([node_away.look(q) for q in due])  # a list: every due queue is looked at
+
+
+def _cancel(claims: Claims, entries: list[tuple[int, bytes]], away: Errors) -> None:
     """Unblock the BLMOVEs still waiting (one pipelined CLIENT UNBLOCK per server) and
     collect what they return (nil or an entry)."""
-    pending = [(i, c) for i, c in enumerate(claims) if c.waiting and c.client_id is not None]
+    pending = [(i, c) for i, c in claims if c.waiting and c.client_id is not None]
     by_client: dict[int, list[BlockingClaim]] = {}
     for _, c in pending:
         by_client.setdefault(id(c.client), []).append(c)
     refused: set[int] = set()
+    unanswered: Errors = (redis.ResponseError, *away)  # no permission, or the node is away
     for group in by_client.values():
         pipe = group[0].client.pipeline(transaction=False)
         for c in group:
             pipe.execute_command("CLIENT", "UNBLOCK", c.client_id)
         try:
             pipe.execute()
-        except redis.ResponseError:  # no permission: those connections get closed
-            refused.update(id(c) for c in group)
+        except unanswered:
+            refused.update(id(c) for c in group)  # those connections get closed instead
     for i, c in pending:
         if id(c) in refused:
             c.client_id = None
-        entry = c.cancel(unblock=lambda _id: None)  # unblocked above: just read the answer
+        try:
+            entry = c.cancel(unblock=lambda _id: None)  # unblocked above: read the answer
+        except away as exc:
+            node_away.went_away(c.queue, exc)
+            continue
         if entry is not None:
             entries.append((i, entry))

@@ -262,8 +262,14 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
             time.sleep(CLUSTER_RETRY_FIRST_PAUSE_S)  # never a busy loop on a dead node
             return None
 
-    def try_claim(self, count: int = 1) -> tuple[list[Delivery], int]:
+    def try_claim(self, count: int = 1, *, patient: bool = True) -> tuple[list[Delivery], int]:
         """Claim up to ``count`` waiting messages without blocking (one script).
+
+        Args:
+            count: Most messages to claim.
+            patient: On a cluster, wait up to ``cluster_retry_ms`` while the queue's slot
+                migrates or its master fails over. False tries once and raises redis-py's
+                error (a consumer of several queues serves the others meanwhile).
 
         Returns:
             The deliveries and the ms until the next delayed message is due (-1: none).
@@ -276,7 +282,8 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         _check_count(count)
         self._keep()
         args = self._claim_args(count)
-        reply = self._scripts.run("claim", *args, request_id=str(args[4]))
+        run = self._scripts.run if patient else self._scripts.run_once
+        reply = run("claim", *args, request_id=str(args[4]))
         return self._take(reply[1:]), int(reply[0])
 
     def blmove_command(self, timeout: float) -> tuple[str | float, ...]:
@@ -296,9 +303,11 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
             max(timeout, 0.001),
         )
 
-    def lease_claimed(self, entry: bytes, count: int = 1) -> tuple[list[Delivery], int]:
+    def lease_claimed(
+        self, entry: bytes, count: int = 1, *, patient: bool = True
+    ) -> tuple[list[Delivery], int]:
         """Register the lease of an entry a BLMOVE returned, and claim up to ``count - 1``
-        more waiting messages in the same script.
+        more waiting messages in the same script (``patient``: as :meth:`try_claim`).
 
         Returns:
             As :meth:`try_claim`. The BLMOVE-d entry is missing from the deliveries when the
@@ -310,7 +319,8 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         _check_count(count)
         self._keep()
         args = self._claim_args(count)
-        reply = self._scripts.run("lease", *args, entry, request_id=str(args[4]))
+        run = self._scripts.run if patient else self._scripts.run_once
+        reply = run("lease", *args, entry, request_id=str(args[4]))
         return self._take(reply[2:]), int(reply[0])
 
     def _keep(self) -> None:

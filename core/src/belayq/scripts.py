@@ -334,3 +334,10 @@ class ScriptRunner:
         pipeline.execute_command(
             "EVAL", source(name), len(keys), *keys, *self.common_args(request_id), *args
         )
+
+    def run_once(self, name: str, *args: Arg, request_id: str = "") -> Any:
+        """:meth:`run` without waiting for a cluster slot: one try (after reloading the
+        library or scripts if the server lost them). A redirection or an unreachable node
+        raises redis-py's error at once, for a caller that has other queues to serve
+        meanwhile (:func:`belayq.claim_any`)."""
+        return self._run_once(name, args, request_id, False)

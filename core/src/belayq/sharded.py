@@ -236,6 +236,8 @@ class ShardedQueue(ShardedAdmin):
         """Claim up to ``count`` messages from the shards, starting at a random one,
         waiting up to ``timeout`` s for the first (blocked on every shard at once: see
         :func:`belayq.claim_any`). ``timeout=0`` does not wait; None waits until one comes.
+        On a cluster, a shard whose node is away (failing over) is skipped and looked at
+        again now and then, while the other shards are claimed from as usual.
         """
         for q in self.shards:  # every shard is swept by every consumer's keeper, not only
             q._keep()  # those its claims happened to try (cheap once kept)
