@@ -27,7 +27,7 @@ from kombu.utils import json as _json
 
 from belayq import Delivery, ReliableQueue
 
-from . import celery_state, eta, options, topology
+from . import celery_state, eta, options, starts, topology
 from .consume import Consume, Waiter
 from .qos import QoS
 from .tags import Tags, tag_of
@@ -324,9 +324,11 @@ class Channel(stock.Channel):  # type: ignore[misc]
                 if isinstance(info, dict):
                     info["redelivered"] = True
             if no_ack:
+                starts.stamp(props, queue, None)
                 settle_now.append(d)
             else:
-                self.claims.add(tag, rq, d, task_id=task_id)
+                starts.stamp(props, queue, d)
+                self.claims.add(tag, rq, d)
             out.append((raw, tag))
         if settle_now:
             rq.ack_many(settle_now)

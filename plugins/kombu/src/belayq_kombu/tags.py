@@ -51,8 +51,6 @@ class Tags:
 
     def __init__(self) -> None:
         self._claims: dict[Any, Claim] = {}
-        self._by_task: dict[str, Any] = {}  # Celery task id -> delivery tag
-        self._task_of: dict[Any, str] = {}
         self._reported: set[Any] = set()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -64,14 +62,9 @@ class Tags:
         #: loop (the same loop iteration) or at the end of drain_events.
         self.defer_thread: int | None = None
 
-    def add(
-        self, tag: Any, rq: ReliableQueue, delivery: Delivery, task_id: Any = None
-    ) -> None:
+    def add(self, tag: Any, rq: ReliableQueue, delivery: Delivery) -> None:
         with self._lock:
             self._claims[tag] = (rq, delivery)
-            if isinstance(task_id, str):
-                self._by_task[task_id] = tag
-                self._task_of[tag] = task_id
 
     def get(self, tag: Any) -> Claim | None:
         with self._lock:
@@ -81,18 +74,16 @@ class Tags:
         with self._lock:
             claim = self._claims.pop(tag, None)
             self._reported.discard(tag)
-            task_id = self._task_of.pop(tag, None)
-            if task_id is not None:
-                self._by_task.pop(task_id, None)
             return claim
 
     def report_starts(self) -> None:
         """Tell the core which claims Celery's pool has accepted: their runs count as
-        attempts from now on. Sent at once (one script per queue, only on a tick that found
-        new starts), so a task that kills its whole worker soon after it starts is counted;
-        with Redis away, the reports ride on the lease keeper's next extend. Tags only
-        prefetched (or held for their ETA) stay unstarted, so a worker that dies holding
-        them does not move them toward the dead-letter set."""
+        attempts from now on. Each pool reports its starts before the task runs (see
+        :mod:`.starts`); this tick of the main process reports any that could not reach
+        Redis then (one script per queue, only on a tick that found new starts; with Redis
+        away, the reports ride on the lease keeper's next extend). Tags only prefetched (or
+        held for their ETA) stay unstarted, so a worker that dies holding them does not move
+        them toward the dead-letter set."""
         running = celery_state.running_tags()
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         with self._lock:
@@ -107,21 +98,24 @@ class Tags:
             except ConnectionLost:
                 rq.start(deliveries)
 
-    def start_task_now(self, task_id: str) -> None:
-        """A task starts in this very process (solo or threads pool): report it at once, so
-        a task that kills the process is counted even before the keeper's next beat."""
+    def start_now(self, tag: Any) -> bool:
+        """The task of ``tag`` starts in this very process (solo or threads pool): report
+        it at once, before it runs. False when this process does not hold the claim (a
+        prefork pool child: it reports the start itself, see :mod:`.starts`)."""
         if os.getpid() != self._pid:
-            return  # a prefork child: the main process reports what its pool accepted
+            return False  # a forked copy of the parent's table
         with self._lock:
-            tag = self._by_task.get(task_id)
-            claim = self._claims.get(tag) if tag is not None else None
-            if claim is None or tag in self._reported:
-                return
+            claim = self._claims.get(tag)
+            if claim is None:
+                return False
+            if tag in self._reported:
+                return True
             self._reported.add(tag)
         try:
             claim[0].start([claim[1]], now=True)
         except ConnectionLost:
             claim[0].start([claim[1]])
+        return True
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -324,14 +318,3 @@ def check_kept() -> None:
     tick; after a blip, the closed transport's poller no longer runs)."""
     for tags in list(ALL_TAGS):
         tags.kept.check()
-
-
-def _on_task_prerun(task_id: Any = None, **_: Any) -> None:
-    for tags in list(ALL_TAGS):
-        if isinstance(task_id, str):
-            tags.start_task_now(task_id)
-
-
-def connect_signals() -> None:
-    """Report in-process task starts (Celery's ``task_prerun`` signal)."""
-    celery_state.on_task_prerun(_on_task_prerun)
