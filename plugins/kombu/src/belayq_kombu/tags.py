@@ -6,11 +6,12 @@ kombu routes a delivery to whichever channel registered the queue's callback.
 
 Settling never loses a message:
 
-* an ack or nack that cannot reach Redis is retried by the core's lease keeper, which keeps
-  the claim alive meanwhile (``ReliableQueue.retry_later``), instead of being dropped as
-  kombu would;
-* claims a closed channel could not hand back are abandoned: the keeper stops extending them
-  and the sweep returns them after the lease;
+* a settlement (ack, nack, dead letter, deferral) that cannot reach Redis is retried by the
+  core's lease keeper, which keeps the claim alive meanwhile (``ReliableQueue.retry_later``),
+  instead of being dropped as kombu would (see :func:`settle`);
+* a settlement Redis refused, and claims a closed channel could not hand back, are
+  abandoned: the keeper stops extending them and the sweep returns them after the lease. No
+  claim is ever kept alive with nobody to settle it;
 * when a channel closes under running Celery tasks (a connection blip), their claims are kept
   and extended until the task settles them, so a blip never runs a task twice.
 """
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from belayq import Delivery, ReliableQueue
-from belayq.errors import ConnectionLost
+from belayq.errors import ConnectionLost, DurabilityError
 
 from . import celery_state
 
@@ -44,6 +45,21 @@ def tag_of(queue: str, delivery: Delivery) -> str:
 def abandon(rq: ReliableQueue, deliveries: Iterable[Delivery]) -> None:
     """Stop extending these claims; the sweep returns them once their lease runs out."""
     rq.forget(list(deliveries))
+
+
+def give_back(rq: ReliableQueue, deliveries: list[Delivery]) -> int:
+    """Hand unstarted claims back to the front of their queue (uncounted); returns how many.
+    Claims that cannot be handed back (Redis unreachable, or refusing) are abandoned: the
+    sweep brings them back after their lease, and nothing is lost."""
+    if not deliveries:
+        return 0
+    try:
+        return rq.release(deliveries)
+    except Exception:
+        log.warning("could not release %d message(s) of %s; they return after their lease",
+                    len(deliveries), rq.name, exc_info=log.isEnabledFor(logging.DEBUG))
+        abandon(rq, deliveries)
+        return 0
 
 
 class Tags:
@@ -164,18 +180,15 @@ class Tags:
         claimed: dict[ReliableQueue, list[Delivery]] = {}
         for rq, deliveries in by_queue.items():
             count = more.get(rq, 0)
-            try:
-                if count > 0:
-                    done, claimed[rq] = rq.ack_and_claim(deliveries, count)
-                else:
-                    done = rq.ack_many(deliveries)
-            except ConnectionLost:
-                rq.retry_later("ack", deliveries)
+            if count <= 0:
+                settle(rq, "ack", deliveries)
                 continue
-            stale = [d.id for d, ok in zip(deliveries, done, strict=True) if not ok]
-            if stale:
-                log.warning("ack of %s refused: the lease had expired and the message was "
-                            "redelivered", ", ".join(stale))
+            try:
+                done, claimed[rq] = rq.ack_and_claim(deliveries, count)
+            except Exception as exc:
+                _not_landed(rq, "ack", deliveries, exc)
+                continue
+            _log_refused("ack", deliveries, done)
         return claimed
 
     def reject(
@@ -193,10 +206,7 @@ class Tags:
             op, reason = "dead", reason or "rejected without requeue"
         else:
             op, reason = "ack", ""
-        try:
-            _settle(op, rq, d, reason)
-        except ConnectionLost:
-            rq.retry_later(op, [d], reason)
+        settle(rq, op, [d], reason)
 
     def release(self, tags: Iterable[Any]) -> int:
         """Hand claims back to the front of their queues (uncounted); returns how many.
@@ -208,30 +218,81 @@ class Tags:
             claim = self.pop(tag)
             if claim is not None:
                 by_queue[claim[0]].append(claim[1])
-        released = 0
-        for rq, deliveries in by_queue.items():
-            try:
-                released += rq.release(deliveries)
-            except Exception:  # the sweep brings them back; nothing is lost
-                log.warning(
-                    "could not release %d message(s) of %s; they return after their lease",
-                    len(deliveries),
-                    rq.name,
-                    exc_info=log.isEnabledFor(logging.DEBUG),
-                )
-                abandon(rq, deliveries)
-        return released
+        return sum(give_back(rq, deliveries) for rq, deliveries in by_queue.items())
 
 
-def _settle(op: str, rq: ReliableQueue, d: Delivery, reason: str) -> None:
-    if op == "ack":
-        ok = rq.ack(d)
-    elif op == "nack":
-        ok = rq.nack(d, delay_ms=0, reason=reason) != "stale"
+def settle(
+    rq: ReliableQueue,
+    op: str,
+    deliveries: list[Delivery],
+    reason: str = "",
+    *,
+    delays_ms: list[int] | None = None,
+) -> None:
+    """Settle claims through the core, never leaving one kept alive with nobody to settle it:
+    what cannot reach Redis is retried by the lease keeper, what Redis refused is abandoned
+    to its lease (see :func:`_not_landed`). Never raises for Redis' sake.
+
+    Args:
+        rq: Their queue.
+        op: ``"ack"``, ``"nack"`` (requeue, a counted run), ``"dead"`` (dead-letter) or
+            ``"defer"`` (to the delayed set for ``delays_ms``, uncounted).
+        deliveries: The claims.
+        reason: The nack's or dead letter's reason.
+        delays_ms: For ``"defer"``: one wait per claim (ms).
+    """
+    if not deliveries:
+        return
+    if op in ("nack", "dead") and len(deliveries) > 1:
+        for d in deliveries:  # one script each: one that fails does not retry the others
+            settle(rq, op, [d], reason)
+        return
+    if op not in ("ack", "nack", "dead", "defer") or (op == "defer") != (delays_ms is not None):
+        raise ValueError(f"cannot settle with {op!r} (delays_ms {delays_ms!r})")
+    try:
+        if op == "ack":
+            done = rq.ack_many(deliveries)
+        elif op == "nack":
+            done = [rq.nack(deliveries[0], delay_ms=0, reason=reason) != "stale"]
+        elif op == "dead":
+            done = [rq.dead_letter(deliveries[0], reason)]
+        else:
+            deferred = rq.defer(list(zip(deliveries, delays_ms or (), strict=True)))
+            # The core answers a count: which claim was refused does not matter here.
+            done = [i < deferred for i in range(len(deliveries))]
+    except Exception as exc:
+        _not_landed(rq, op, deliveries, exc, reason, delays_ms)
+        return
+    _log_refused(op, deliveries, done)
+
+
+def _not_landed(
+    rq: ReliableQueue,
+    op: str,
+    deliveries: list[Delivery],
+    exc: Exception,
+    reason: str = "",
+    delays_ms: list[int] | None = None,
+) -> None:
+    """A settlement raised ``exc``: retry it from the lease keeper when Redis could not be
+    reached; nothing to do when it ran on the primary unconfirmed (``DurabilityError``);
+    otherwise Redis refused it and changed nothing: stop extending the claims, and the sweep
+    brings them back after their lease (at least once, never lost)."""
+    if isinstance(exc, ConnectionLost):
+        rq.retry_later(op, deliveries, reason, delays_ms=delays_ms)
+    elif isinstance(exc, DurabilityError):
+        log.warning("%s of %d claim(s) of %s: %s", op, len(deliveries), rq.name, exc)
     else:
-        ok = rq.dead_letter(d, reason)
-    if not ok:
-        log.warning("%s of %s refused: its lease had expired and it was redelivered", op, d.id)
+        log.error("%s of %d claim(s) of %s failed (%r); they return after their lease", op,
+                  len(deliveries), rq.name, exc, exc_info=exc)
+        abandon(rq, deliveries)
+
+
+def _log_refused(op: str, deliveries: list[Delivery], done: list[bool]) -> None:
+    stale = [d.id for d, ok in zip(deliveries, done, strict=True) if not ok]
+    if stale:
+        log.warning("%s of %s refused: the lease had expired and the message was "
+                    "redelivered", op, ", ".join(stale))
 
 
 class Kept:
