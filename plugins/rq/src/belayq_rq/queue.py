@@ -216,7 +216,10 @@ def _load(
     except Exception as exc:  # not a valid id, or a hash RQ cannot read: never stop the worker
         reason = f"belayq_rq: cannot load job '{shown}': {exc!r}"
     log.error("dead-lettered an entry of %s: %s", core.name, reason)
-    core.dead_letter(delivery, reason)
+    try:
+        core.dead_letter(delivery, reason)
+    except ConnectionLost:  # the core's lease keeper dead-letters it once Redis is back
+        core.retry_later("dead", [delivery], reason)
     return None
 
 
