@@ -5,7 +5,7 @@ nothing. The workers refuse misspelled keywords the same way."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import redis
@@ -26,7 +26,7 @@ def test_belayq_options_given_as_a_keyword_reach_the_core_queue(conn: redis.Redi
 
 def test_a_keyword_belayq_options_adds_to_the_class_ones(conn: redis.Redis) -> None:
     class Mine(belayq_rq.Queue):
-        belayq_options = {"sweep_interval_ms": 500, "sweep_limit": 7}
+        belayq_options: ClassVar[dict[str, Any]] = {"sweep_interval_ms": 500, "sweep_limit": 7}
 
     c = Mine("q", connection=conn, belayq_options={"sweep_limit": 9}).belayq().config
     assert (c.sweep_interval_ms, c.sweep_limit) == (500, 9)
@@ -73,10 +73,10 @@ def test_a_bad_belayq_option_is_one_config_error(
 
 def test_a_subclass_with_a_bad_class_option_fails_when_built(conn: redis.Redis) -> None:
     class Typo(belayq_rq.Queue):
-        belayq_options = {"sweep_intervl_ms": 500}
+        belayq_options: ClassVar[dict[str, Any]] = {"sweep_intervl_ms": 500}
 
     class NotAMapping(belayq_rq.Queue):
-        belayq_options = ["sweep_limit"]  # type: ignore[assignment]
+        belayq_options: ClassVar[Any] = ["sweep_limit"]
 
     with pytest.raises(ConfigError, match="sweep_intervl_ms"):
         Typo("q", connection=conn)
