@@ -55,3 +55,27 @@ def test_a_task_that_kills_its_whole_worker_at_once_is_dead_lettered_after_max_d
     wait_for(lambda: core.stats()["in_flight"] == 0, 30, lambda: f"the acks: {core.stats()}")
     s = core.stats()
     assert (s["ready"], s["in_flight"], s["dead"]) == (0, 0, 1), s
+
+
+def test_a_start_report_that_cannot_reach_redis_lets_the_task_run(
+    caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pool child whose report fails logs it and returns (the task runs; the worker's
+    main process reports the start on its next tick)."""
+    import time
+
+    from celery import Celery
+
+    from belayq_kombu.starts import PoolChild
+
+    app = Celery("unreachable", broker="belayq://127.0.0.1:1/0")
+    child = PoolChild()
+    started = time.monotonic()
+    child.report(app, ["q", "id", "token"])
+    assert time.monotonic() - started < 30
+    assert "could not report the start" in caplog.text
+    started = time.monotonic()
+    for _ in range(10):  # the next tasks are not each delayed by a connection attempt
+        child.report(app, ["q", "id", "token"])
+    child.report(app, "not a claim")
+    assert time.monotonic() - started < 0.5

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 from belayq import Delivery
@@ -28,6 +29,10 @@ from . import celery_state
 from .tags import ALL_TAGS
 
 log = logging.getLogger("belayq.kombu")
+
+#: After a report that could not reach Redis, a pool child leaves the reports to the worker's
+#: main process for this long (s), instead of delaying each task by a connection timeout.
+QUIET_AFTER_FAILURE_S = 5.0
 
 #: Message property naming the claim a delivery stands for: ``[queue, message id, token]``.
 CLAIM_PROPERTY = "x-belayq-claim"
@@ -50,6 +55,8 @@ class PoolChild:
         self._lock = threading.Lock()
         self._pid = 0
         self._connection: Any = None
+        self._chan: Any = None
+        self._quiet_until = 0.0
 
     def report(self, app: Any, claim: Any) -> None:
         """Report the start of ``claim`` (a :data:`CLAIM_PROPERTY` value) at once."""
@@ -58,12 +65,15 @@ class PoolChild:
         except (TypeError, ValueError):
             return  # not a claim this transport stamped
         with self._lock:
+            if time.monotonic() < self._quiet_until:
+                return  # Redis was just unreachable: do not delay each task by a timeout
             try:
                 [ok] = self._channel(app).queue(queue).report_started([(msg_id, token)])
             except Exception as exc:  # the task must run anyway: it is counted later
                 log.warning("could not report the start of a task from %s (%r); the worker "
                             "reports it on its next tick", queue, exc)
                 self._close()
+                self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
                 return
         if not ok:
             log.warning("a task of %s started on a claim that is no longer valid (its lease "
@@ -71,13 +81,17 @@ class PoolChild:
 
     def _channel(self, app: Any) -> Any:
         if self._pid != os.getpid():
-            self._connection = None  # inherited from the parent: not ours to use
+            self._connection = self._chan = None  # inherited from the parent: not ours
             self._pid = os.getpid()
-        if self._connection is None:
+        if self._chan is None:
             self._connection = app.connection_for_read()
-        return self._connection.default_channel
+            # One attempt (kombu's default_channel would retry for seconds): a failure is
+            # left to the worker's main process, see report().
+            self._chan = self._connection.channel()
+        return self._chan
 
     def _close(self) -> None:
+        self._chan = None
         connection, self._connection = self._connection, None
         if connection is not None:
             try:
