@@ -18,7 +18,7 @@ import uuid
 import redis
 
 from belayq import ReliableQueue
-from belayq.embedded import RedisServer
+from belayq.embedded import RedisServer, stop_on_sigterm
 
 LEASE_MS = 2_000
 
@@ -38,10 +38,11 @@ def consumer(url: str, name: str) -> None:
 def main() -> int:
     url = os.environ.get("REDIS_URL")
     server = None
+    stop_on_sigterm()  # a SIGTERM stops the demo through the finally below, Redis with it
     if not url:
         server = RedisServer().start()
         url = server.url
-        print(f"embedded redis-server ({server.binary}) on port {server.port}")
+        print(f"embedded redis-server ({server.binary}) on port {server.port}", flush=True)
     name = f"demo-{uuid.uuid4().hex[:8]}"
     try:
         client = redis.Redis.from_url(url)

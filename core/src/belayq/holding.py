@@ -9,12 +9,13 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .config import QueueConfig
-from .errors import ConnectionLost, DurabilityError
+from .errors import ConfigError, ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
@@ -66,7 +67,7 @@ class HeldClaims:
     _scripts: ScriptRunner
 
     #: The settlements :meth:`retry_later` accepts.
-    SETTLES = ("ack", "nack", "dead", "release")
+    SETTLES = ("ack", "nack", "dead", "release", "defer")
 
     def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
         raise NotImplementedError
@@ -81,6 +82,9 @@ class HeldClaims:
         raise NotImplementedError
 
     def release(self, deliveries: Sequence[Delivery]) -> int:
+        raise NotImplementedError
+
+    def defer(self, deferrals: Sequence[tuple[Delivery, int]]) -> int:
         raise NotImplementedError
 
     def sweep(self, *, guarded: bool = False) -> SweepResult:
@@ -162,7 +166,14 @@ class HeldClaims:
 
     # -- settlements that could not reach Redis ---------------------------------------------
 
-    def retry_later(self, op: str, deliveries: Sequence[Delivery], reason: str = "") -> None:
+    def retry_later(
+        self,
+        op: str,
+        deliveries: Sequence[Delivery],
+        reason: str = "",
+        *,
+        delays_ms: Sequence[int] | None = None,
+    ) -> None:
         """Retry a settlement that could not reach Redis (it raised ``ConnectionLost``)
         until it lands: the claims stay held, so the lease keeper extends them meanwhile,
         and each of its beats tries again (:meth:`retry_unsettled`). If this process dies
@@ -170,18 +181,39 @@ class HeldClaims:
 
         Args:
             op: ``"ack"``, ``"nack"`` (back to ready at once, a counted run), ``"dead"``
-                (dead-letter with ``reason``) or ``"release"`` (back to ready, uncounted).
+                (dead-letter with ``reason``), ``"release"`` (back to ready, uncounted) or
+                ``"defer"`` (to the delayed set, uncounted, see :meth:`defer`).
             deliveries: The claims.
             reason: The nack's or dead letter's reason.
+            delays_ms: For ``"defer"`` only, one per claim: how long it was to wait (ms)
+                from this call; a retry that lands later defers it for what is left.
+
+        Raises:
+            ConfigError: An unknown ``op``, or ``delays_ms`` that does not fit it.
         """
         if op not in self.SETTLES:
-            raise ValueError(f"op must be one of {self.SETTLES}, got {op!r}")
+            raise ConfigError(f"op must be one of {self.SETTLES}, got {op!r}")
+        if (op == "defer") != (delays_ms is not None):
+            raise ConfigError("delays_ms goes with op='defer', and op='defer' needs it")
+        texts = [reason] * len(deliveries)
+        if delays_ms is not None:
+            if len(delays_ms) != len(deliveries) or not all(
+                isinstance(ms, int) and not isinstance(ms, bool) and ms >= 0 for ms in delays_ms
+            ):
+                raise ConfigError(
+                    f"delays_ms must be one int >= 0 per claim ({len(deliveries)}), got "
+                    f"{list(delays_ms)!r}"
+                )
+            # A deferral waits in the same list as the other settlements, as text: its due
+            # time on this process's monotonic clock (ms), so that a late retry keeps it.
+            now_ms = time.monotonic() * 1000
+            texts = [repr(now_ms + ms) for ms in delays_ms]
         log.warning("could not %s %d claim(s) of %s (Redis unreachable); will retry", op,
                     len(deliveries), self.name)
         with self._lock:
-            for d in deliveries:
+            for d, text in zip(deliveries, texts, strict=True):
                 self._held.setdefault(d.id, d)
-                self._unsettled.append((op, d, reason))
+                self._unsettled.append((op, d, text))
             if self._use_keeper:
                 KEEPER.register(self)  # type: ignore[arg-type]  # a ReliableQueue
 
@@ -284,6 +316,9 @@ class HeldClaims:
             return self.nack(d, delay_ms=0, reason=reason) != "stale"
         if op == "dead":
             return self.dead_letter(d, reason)
+        if op == "defer":
+            left_ms = max(0, round(float(reason) - time.monotonic() * 1000))
+            return self.defer([(d, left_ms)]) == 1
         return self.release([d]) == 1
 
     def heartbeat(self) -> None:

@@ -401,6 +401,31 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         r = [int(x) for x in self._scripts.run("sweep", SWEEP_BATCH, c.lease_ms)]
         return SweepResult(bool(r[0]), r[1], r[2], r[3], r[4], r[5])
 
+    @_redis_errors
+    def report_started(self, claims: Sequence[tuple[str, str]]) -> list[bool]:
+        """Report at once that these claims started running in a process other than the one
+        that holds them (a process pool's worker, whose parent claimed them and keeps their
+        leases): their runs count as attempts from now on, before any of the work is done,
+        so a run that kills both processes still counts. Their leases are extended too.
+
+        Args:
+            claims: ``(message id, token)`` of each claim (:class:`Delivery` ``id`` and
+                ``token``).
+
+        Returns:
+            One bool per claim: False when it is no longer this claim's (swept, settled or
+            claimed again): the work should not go on. All True with ``claim_starts``, which
+            counted the runs at the claim.
+        """
+        if self.config.claim_starts or not claims:
+            return [True] * len(claims)
+        args: list[Arg] = []
+        for msg_id, token in claims:
+            args += [msg_id, token, "1"]
+        reply = self._scripts.run("extend", self.config.lease_ms, "0", *args,
+                                  durable=self.config.durable)
+        return [bool(int(x)) for x in reply]
+
     @property
     def heartbeat_ms(self) -> int:
         """How often the lease keeper calls :meth:`heartbeat` (ms)."""

@@ -80,6 +80,14 @@ def kill_self(self: Any, i: int) -> None:
 
 
 @app.task(bind=True)
+def kill_worker(self: Any, i: int) -> None:
+    """Kills the whole worker at once, main process and pool children alike (the worker
+    runs in a process group of its own), before any Celery code of it can react."""
+    record("start", i, self.request)
+    os.killpg(0, signal.SIGKILL)
+
+
+@app.task(bind=True)
 def tsum(self: Any, values: list[int]) -> int:
     record("start", "sum", self.request)
     return sum(values)

@@ -451,3 +451,57 @@ def test_a_claim_that_cannot_be_handed_back_is_retried_by_the_keeper(
     core.heartbeat()  # what the keeper's next beat does
     assert core.unsettled == 0 and core.held == []
     assert q.job_ids == [job.id]
+
+
+def test_a_lost_attempt_whose_requeue_cannot_reach_redis_is_retried_and_the_worker_goes_on(
+    conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lost attempt (here marked so by hand, as a killed work horse would be) is handed
+    back with a nack; when that cannot reach Redis, the core's keeper retries it instead of
+    the error stopping the worker, and the job runs again once it lands."""
+    from belayq import ConnectionLost
+
+    q = belayq_rq.Queue("q", connection=conn)
+    job = q.enqueue(jobs.fail)
+    later = q.enqueue(jobs.add, 1, 2)
+    core = q.belayq()
+    real_nack = core.nack
+
+    def away(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionLost("simulated outage")
+
+    monkeypatch.setattr(core, "nack", away)
+    w = belayq_rq.SimpleWorker([q], connection=conn)
+    w._belayq_lost = job.id
+    w.work(burst=True, logging_level="WARNING")
+    assert later.get_status() == JobStatus.FINISHED  # the worker went on
+    assert core.unsettled == 1 and job.get_status() != JobStatus.FAILED
+    monkeypatch.setattr(core, "nack", real_nack)
+    core.heartbeat()  # what the keeper's next beat does
+    assert core.unsettled == 0
+    assert q.job_ids == [job.id] and job.get_status() == JobStatus.QUEUED
+
+
+def test_an_entry_whose_dead_letter_cannot_reach_redis_is_retried_and_the_next_job_runs(
+    conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from belayq import ConnectionLost
+
+    q = belayq_rq.Queue("q", connection=conn)
+    gone = q.enqueue(jobs.add, 1, 1)
+    kept = q.enqueue(jobs.add, 2, 2)
+    conn.delete(gone.key)
+    core = q.belayq()
+    real = core.dead_letter
+
+    def away(*args: Any, **kwargs: Any) -> Any:
+        raise ConnectionLost("simulated outage")
+
+    monkeypatch.setattr(core, "dead_letter", away)
+    job, _ = belayq_rq.Queue.dequeue_any([q], None, connection=conn)
+    assert job.id == kept.id
+    assert core.unsettled == 1
+    monkeypatch.setattr(core, "dead_letter", real)
+    core.heartbeat()
+    assert core.unsettled == 0
+    assert [d.id for d in core.dead_letters()] == [gone.id]

@@ -314,25 +314,29 @@ def cmd_dashboard(client: redis.Redis, args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     """The seed's demo page: a queue with history and events on, and a worker pool."""
     web = _web()
-    from ..embedded import RedisServer
+    from ..embedded import RedisServer, stop_on_sigterm
     from .demo_mode import demo_pool
 
-    server = None
+    server = pool = None
     url = args.url
     if url is None and args.redis_host:
         url = f"redis://{args.redis_host}:{args.redis_port or 6379}/0"
-    if url is None:
-        server = RedisServer().start()
-        url = server.url
+    # A SIGTERM (kill, a service manager) stops the demo through the finally below, and
+    # with it the redis-server it started (which also stops if the demo is SIGKILLed).
+    stop_on_sigterm()
     try:
+        if url is None:
+            server = RedisServer().start()
+            url = server.url
         client = connect(url)
         pool = demo_pool(client, args.queue, args.visibility_ms)
         app = web.create_app(client, demo=pool, token=args.token, host=args.host)
         print(f"belayq demo on http://{args.host}:{args.port}/ (Redis at {redact(url)}, "
               f"visibility {args.visibility_ms} ms)", flush=True)
         web.serve(app, args.host, args.port)
-        pool.stop()
     finally:
+        if pool is not None:
+            pool.stop()
         if server is not None:
             server.stop()
     return 0

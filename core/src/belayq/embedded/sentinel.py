@@ -18,6 +18,7 @@ from .server import (
     _text,
     free_port,
     redis_server_binary,
+    spawn,
 )
 
 
@@ -76,12 +77,8 @@ class RedisSentinel:
 
     def start(self) -> RedisSentinel:
         """Start the Sentinel and wait until it answers PING (10 s at most)."""
-        self.proc = subprocess.Popen(
-            # The configuration file comes first (``redis-server <file> --sentinel``).
-            [self.command[0], str(self.dir / "sentinel.conf"), *self.command[1:]],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        # The configuration file comes first (``redis-server <file> --sentinel``).
+        self.proc = spawn([self.command[0], str(self.dir / "sentinel.conf"), *self.command[1:]])
         atexit.register(self.stop)
         if not _answers_ping(self.proc, self.port, 10.0):
             log = self.log()[-2000:]

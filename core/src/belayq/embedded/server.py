@@ -4,13 +4,16 @@ share: finding the binary, free ports, polling, stopping."""
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,7 +139,7 @@ class RedisServer:
             str(self.dir / "redis.log"),
             *self.args,
         ]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = spawn(cmd)
         atexit.register(self.stop)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -218,6 +221,56 @@ def _answers_ping(proc: subprocess.Popen[bytes], port: int, timeout: float) -> b
             pass
         time.sleep(0.02)
     return False
+
+
+def spawn(cmd: list[str]) -> subprocess.Popen[bytes]:
+    """Start a server process that does not outlive this one.
+
+    A clean exit stops it (the callers' ``stop`` and ``atexit``), but a process killed by a
+    signal runs neither: on Linux the server is also asked to get SIGTERM when its parent
+    dies (``PR_SET_PDEATHSIG``), whatever the way. The kernel ties that to the thread that
+    started it, so only servers started by the main thread (which lives as long as the
+    process) ask for it.
+    """
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=_die_with_parent())
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved before the fork
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def in_child() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request took effect
+            os._exit(1)
+
+    return in_child
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def stop_on_sigterm() -> None:
+    """Make SIGTERM end this program like Ctrl-C does, through its ``finally`` blocks, so
+    the servers it started stop and their directories go (the default action ends the
+    process at once). Only from the main thread, and only while SIGTERM has its default
+    action."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:

@@ -163,8 +163,9 @@ def remember_revoked(task_ids: set[str]) -> bool:
 
 
 def on_task_prerun(handler: Callable[..., None]) -> None:
-    """Call ``handler(task_id=...)`` when a task starts in this process (solo and threads
-    pools; a prefork child's starts reach its main process through ``running_tags``)."""
+    """Call ``handler(task=..., task_id=...)`` when a task is about to run in this process,
+    before its body (Celery's ``task_prerun``: in a prefork pool, in the child that runs it;
+    connected before the pool forks, the children inherit the handler)."""
     try:
         from celery.signals import task_prerun  # type: ignore[import-untyped]
     except ImportError:  # kombu without Celery

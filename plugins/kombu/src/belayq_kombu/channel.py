@@ -28,20 +28,17 @@ from kombu.utils import json as _json
 from belayq import Delivery, ReliableQueue
 from belayq.discovery import hidden
 
-from . import celery_state, eta, options, topology
+from . import delivering, eta, options, topology
 from .consume import Consume, Waiter
+from .delivering import PUBLISHED_MS
 from .qos import QoS
-from .tags import Tags, tag_of
+from .tags import Tags, give_back
 
 log = logging.getLogger("belayq.kombu")
 
 # kombu's annotations are partial; to mypy --strict these are Any.
 stock: Any = _stock
 dumps: Any = _json.dumps
-loads: Any = _json.loads
-
-#: Property stamped on messages that carry an AMQP ``expiration`` (ms since the epoch).
-PUBLISHED_MS = "x-belayq-published-ms"
 
 
 class Message(stock.Channel.Message):  # type: ignore[misc]
@@ -259,11 +256,11 @@ class Channel(stock.Channel):  # type: ignore[misc]
             return
         if waiter.ready:
             ready, waiter.ready = waiter.ready, []
-            waiter.rq.release(ready)
+            give_back(waiter.rq, ready)
         entry = waiter.close(self.claim_unblock())
         if entry is not None:
             deliveries, _ = waiter.rq.lease_claimed(entry, 1)
-            waiter.rq.release(deliveries)
+            give_back(waiter.rq, deliveries)
 
     def _unblock(self, client_id: int) -> None:
         self.core_client.client_unblock(client_id)
@@ -271,9 +268,10 @@ class Channel(stock.Channel):  # type: ignore[misc]
     def deliver(self, queue: str, rq: ReliableQueue, deliveries: list[Delivery]) -> bool:
         """Hand claimed messages to kombu; give back what a raising callback never saw."""
         if queue not in self.connection._callbacks:  # the consumer was cancelled meanwhile
-            rq.release(deliveries)
+            give_back(rq, deliveries)
             return False
-        envelopes = self._envelopes(queue, rq, deliveries, no_ack=queue in self._no_ack_queues)
+        envelopes = delivering.envelopes(self, queue, rq, deliveries,
+                                         no_ack=queue in self._no_ack_queues)
         delivered = False
         try:
             while envelopes:
@@ -299,65 +297,10 @@ class Channel(stock.Channel):  # type: ignore[misc]
         self.claims.reject(tag, requeue=False, dead_letter=True,
                            reason=f"delivery failed: {exc!r}")
 
-    def _envelopes(
-        self, queue: str, rq: ReliableQueue, deliveries: list[Delivery], *, no_ack: bool
-    ) -> list[tuple[dict[str, Any], Any]]:
-        out: list[tuple[dict[str, Any], Any]] = []
-        settle_now: list[Delivery] = []
-        deferred: list[tuple[Delivery, int]] = []
-        scheduled: list[str] = []  # task ids of the messages that carry an ETA
-        defer = self.native_delayed_delivery and not no_ack
-        now_ms = time() * 1000
-        for d in deliveries:
-            try:
-                raw = loads(d.payload.decode("utf-8"))
-                props = raw["properties"]
-                if not isinstance(props, dict):
-                    raise TypeError(f"properties is a {type(props).__name__}, not an object")
-            except Exception as exc:
-                rq.dead_letter(d, f"not a kombu message: {exc!r}")
-                continue
-            if _expired(raw):
-                settle_now.append(d)
-                continue
-            wait = eta.wait_ms(raw, now_ms)
-            if defer and wait > options.DEFER_MIN_S * 1000:
-                deferred.append((d, wait))  # a stock producer's, or an older belayq's
-                continue
-            task_id = eta.task_id(raw)
-            if task_id is not None and eta.eta_ms(raw) is not None:
-                scheduled.append(task_id)
-            tag = tag_of(queue, d)
-            props["delivery_tag"] = tag
-            if d.deliveries > 1:
-                info = props.get("delivery_info")
-                if isinstance(info, dict):
-                    info["redelivered"] = True
-            if no_ack:
-                settle_now.append(d)
-            else:
-                self.claims.add(tag, rq, d, task_id=task_id)
-            out.append((raw, tag))
-        if settle_now:
-            rq.ack_many(settle_now)
-        if deferred:
-            rq.defer(deferred)
-        if scheduled:
-            self._revoked_first(scheduled)
-        return out
-
-    def _revoked_first(self, task_ids: list[str]) -> None:
-        """Tell the Celery worker in this process which of these scheduled tasks were
-        revoked while they waited (it may have forgotten, or started since): Celery then
-        marks them REVOKED and acks them instead of running them."""
-        revoked = self.connection.revocations(self).revoked(task_ids)
-        if revoked:
-            celery_state.remember_revoked(revoked)
-
     def _get(self, queue: str) -> dict[str, Any]:
         rq = self.queue(queue)
         deliveries, _ = rq.try_claim(1)
-        for raw, _tag in self._envelopes(queue, rq, deliveries, no_ack=False):
+        for raw, _tag in delivering.envelopes(self, queue, rq, deliveries, no_ack=False):
             return raw
         raise Empty()
 
@@ -423,19 +366,3 @@ class Channel(stock.Channel):  # type: ignore[misc]
             except Exception:
                 log.debug("closing waiter %s", name, exc_info=True)
         super().close()
-
-
-def _expired(raw: dict[str, Any]) -> bool:
-    """An AMQP ``expiration`` (per-message TTL) ran out. A Celery task that expires is left
-    to Celery (its ``expires`` header): Celery marks it REVOKED, as with the stock Redis
-    transport, where a silent drop would leave its result PENDING for ever."""
-    props = raw["properties"]
-    expiration, published = props.get("expiration"), props.get(PUBLISHED_MS)
-    if expiration is None or published is None:
-        return False
-    if (raw.get("headers") or {}).get("expires") is not None:
-        return False
-    try:
-        return time() * 1000 >= int(published) + int(expiration)
-    except (TypeError, ValueError):
-        return False

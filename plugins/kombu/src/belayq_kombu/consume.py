@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from belayq.blocking import BlockingClaim
 
 from . import celery_state, options
+from .tags import give_back
 
 if TYPE_CHECKING:
     from belayq import Delivery, ReliableQueue
@@ -183,7 +184,7 @@ class Consume:
         credit = self.credit() if self._consumed(waiter) else 0
         if credit < 1:
             deliveries, _ = waiter.claim.lease(entry, 1)
-            rq.release(deliveries)
+            give_back(rq, deliveries)
             waiter.hot = True
             return False
         deliveries, _ = waiter.claim.lease(entry, credit)
@@ -204,7 +205,7 @@ class Consume:
         ready, waiter.ready = waiter.ready, []
         credit = max(0, self.credit()) if self._consumed(waiter) else 0
         if len(ready) > credit:
-            waiter.rq.release(ready[credit:])
+            give_back(waiter.rq, ready[credit:])
             ready = ready[:credit]
         return bool(ready) and self.channel.deliver(waiter.queue, waiter.rq, ready)
 

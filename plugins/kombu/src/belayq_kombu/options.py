@@ -229,8 +229,8 @@ def core_options(source: Any) -> dict[str, Any]:
         "starvation_floor": float(source.starvation_floor),
         "payload_in_list": True,
         "bell": source.priority_bell,
-        # A worker prefetches: its runs count as attempts once Celery's pool accepts them
-        # (Tags.report_starts), so a crash loop does not dead-letter what never started.
+        # A worker prefetches: its runs count as attempts once a task starts (reported before
+        # it runs, see starts.py), so a crash loop does not dead-letter what never started.
         "claim_starts": False,
         "wait_replicas": int(source.wait_replicas),
         "wait_timeout_ms": _ms(source.wait_timeout),

@@ -6,11 +6,12 @@ kombu routes a delivery to whichever channel registered the queue's callback.
 
 Settling never loses a message:
 
-* an ack or nack that cannot reach Redis is retried by the core's lease keeper, which keeps
-  the claim alive meanwhile (``ReliableQueue.retry_later``), instead of being dropped as
-  kombu would;
-* claims a closed channel could not hand back are abandoned: the keeper stops extending them
-  and the sweep returns them after the lease;
+* a settlement (ack, nack, dead letter, deferral) that cannot reach Redis is retried by the
+  core's lease keeper, which keeps the claim alive meanwhile (``ReliableQueue.retry_later``),
+  instead of being dropped as kombu would (see :func:`settle`);
+* a settlement Redis refused, and claims a closed channel could not hand back, are
+  abandoned: the keeper stops extending them and the sweep returns them after the lease. No
+  claim is ever kept alive with nobody to settle it;
 * when a channel closes under running Celery tasks (a connection blip), their claims are kept
   and extended until the task settles them, so a blip never runs a task twice.
 """
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from belayq import Delivery, ReliableQueue
-from belayq.errors import ConnectionLost
+from belayq.errors import ConnectionLost, DurabilityError
 
 from . import celery_state
 
@@ -46,13 +47,26 @@ def abandon(rq: ReliableQueue, deliveries: Iterable[Delivery]) -> None:
     rq.forget(list(deliveries))
 
 
+def give_back(rq: ReliableQueue, deliveries: list[Delivery]) -> int:
+    """Hand unstarted claims back to the front of their queue (uncounted); returns how many.
+    Claims that cannot be handed back (Redis unreachable, or refusing) are abandoned: the
+    sweep brings them back after their lease, and nothing is lost."""
+    if not deliveries:
+        return 0
+    try:
+        return rq.release(deliveries)
+    except Exception:
+        log.warning("could not release %d message(s) of %s; they return after their lease",
+                    len(deliveries), rq.name, exc_info=log.isEnabledFor(logging.DEBUG))
+        abandon(rq, deliveries)
+        return 0
+
+
 class Tags:
     """Delivery tag -> claim, for one transport; thread-safe (acks come from any thread)."""
 
     def __init__(self) -> None:
         self._claims: dict[Any, Claim] = {}
-        self._by_task: dict[str, Any] = {}  # Celery task id -> delivery tag
-        self._task_of: dict[Any, str] = {}
         self._reported: set[Any] = set()
         self._pid = os.getpid()
         self._lock = threading.Lock()
@@ -64,14 +78,9 @@ class Tags:
         #: loop (the same loop iteration) or at the end of drain_events.
         self.defer_thread: int | None = None
 
-    def add(
-        self, tag: Any, rq: ReliableQueue, delivery: Delivery, task_id: Any = None
-    ) -> None:
+    def add(self, tag: Any, rq: ReliableQueue, delivery: Delivery) -> None:
         with self._lock:
             self._claims[tag] = (rq, delivery)
-            if isinstance(task_id, str):
-                self._by_task[task_id] = tag
-                self._task_of[tag] = task_id
 
     def get(self, tag: Any) -> Claim | None:
         with self._lock:
@@ -81,18 +90,16 @@ class Tags:
         with self._lock:
             claim = self._claims.pop(tag, None)
             self._reported.discard(tag)
-            task_id = self._task_of.pop(tag, None)
-            if task_id is not None:
-                self._by_task.pop(task_id, None)
             return claim
 
     def report_starts(self) -> None:
         """Tell the core which claims Celery's pool has accepted: their runs count as
-        attempts from now on. Sent at once (one script per queue, only on a tick that found
-        new starts), so a task that kills its whole worker soon after it starts is counted;
-        with Redis away, the reports ride on the lease keeper's next extend. Tags only
-        prefetched (or held for their ETA) stay unstarted, so a worker that dies holding
-        them does not move them toward the dead-letter set."""
+        attempts from now on. Each pool reports its starts before the task runs (see
+        :mod:`.starts`); this tick of the main process reports any that could not reach
+        Redis then (one script per queue, only on a tick that found new starts; with Redis
+        away, the reports ride on the lease keeper's next extend). Tags only prefetched (or
+        held for their ETA) stay unstarted, so a worker that dies holding them does not move
+        them toward the dead-letter set."""
         running = celery_state.running_tags()
         by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
         with self._lock:
@@ -107,21 +114,24 @@ class Tags:
             except ConnectionLost:
                 rq.start(deliveries)
 
-    def start_task_now(self, task_id: str) -> None:
-        """A task starts in this very process (solo or threads pool): report it at once, so
-        a task that kills the process is counted even before the keeper's next beat."""
+    def start_now(self, tag: Any) -> bool:
+        """The task of ``tag`` starts in this very process (solo or threads pool): report
+        it at once, before it runs. False when this process does not hold the claim (a
+        prefork pool child: it reports the start itself, see :mod:`.starts`)."""
         if os.getpid() != self._pid:
-            return  # a prefork child: the main process reports what its pool accepted
+            return False  # a forked copy of the parent's table
         with self._lock:
-            tag = self._by_task.get(task_id)
-            claim = self._claims.get(tag) if tag is not None else None
-            if claim is None or tag in self._reported:
-                return
+            claim = self._claims.get(tag)
+            if claim is None:
+                return False
+            if tag in self._reported:
+                return True
             self._reported.add(tag)
         try:
             claim[0].start([claim[1]], now=True)
         except ConnectionLost:
             claim[0].start([claim[1]])
+        return True
 
     def __len__(self) -> int:
         return len(self._claims)
@@ -170,18 +180,15 @@ class Tags:
         claimed: dict[ReliableQueue, list[Delivery]] = {}
         for rq, deliveries in by_queue.items():
             count = more.get(rq, 0)
-            try:
-                if count > 0:
-                    done, claimed[rq] = rq.ack_and_claim(deliveries, count)
-                else:
-                    done = rq.ack_many(deliveries)
-            except ConnectionLost:
-                rq.retry_later("ack", deliveries)
+            if count <= 0:
+                settle(rq, "ack", deliveries)
                 continue
-            stale = [d.id for d, ok in zip(deliveries, done, strict=True) if not ok]
-            if stale:
-                log.warning("ack of %s refused: the lease had expired and the message was "
-                            "redelivered", ", ".join(stale))
+            try:
+                done, claimed[rq] = rq.ack_and_claim(deliveries, count)
+            except Exception as exc:
+                _not_landed(rq, "ack", deliveries, exc)
+                continue
+            _log_refused("ack", deliveries, done)
         return claimed
 
     def reject(
@@ -199,10 +206,7 @@ class Tags:
             op, reason = "dead", reason or "rejected without requeue"
         else:
             op, reason = "ack", ""
-        try:
-            _settle(op, rq, d, reason)
-        except ConnectionLost:
-            rq.retry_later(op, [d], reason)
+        settle(rq, op, [d], reason)
 
     def release(self, tags: Iterable[Any]) -> int:
         """Hand claims back to the front of their queues (uncounted); returns how many.
@@ -214,30 +218,81 @@ class Tags:
             claim = self.pop(tag)
             if claim is not None:
                 by_queue[claim[0]].append(claim[1])
-        released = 0
-        for rq, deliveries in by_queue.items():
-            try:
-                released += rq.release(deliveries)
-            except Exception:  # the sweep brings them back; nothing is lost
-                log.warning(
-                    "could not release %d message(s) of %s; they return after their lease",
-                    len(deliveries),
-                    rq.name,
-                    exc_info=log.isEnabledFor(logging.DEBUG),
-                )
-                abandon(rq, deliveries)
-        return released
+        return sum(give_back(rq, deliveries) for rq, deliveries in by_queue.items())
 
 
-def _settle(op: str, rq: ReliableQueue, d: Delivery, reason: str) -> None:
-    if op == "ack":
-        ok = rq.ack(d)
-    elif op == "nack":
-        ok = rq.nack(d, delay_ms=0, reason=reason) != "stale"
+def settle(
+    rq: ReliableQueue,
+    op: str,
+    deliveries: list[Delivery],
+    reason: str = "",
+    *,
+    delays_ms: list[int] | None = None,
+) -> None:
+    """Settle claims through the core, never leaving one kept alive with nobody to settle it:
+    what cannot reach Redis is retried by the lease keeper, what Redis refused is abandoned
+    to its lease (see :func:`_not_landed`). Never raises for Redis' sake.
+
+    Args:
+        rq: Their queue.
+        op: ``"ack"``, ``"nack"`` (requeue, a counted run), ``"dead"`` (dead-letter) or
+            ``"defer"`` (to the delayed set for ``delays_ms``, uncounted).
+        deliveries: The claims.
+        reason: The nack's or dead letter's reason.
+        delays_ms: For ``"defer"``: one wait per claim (ms).
+    """
+    if not deliveries:
+        return
+    if op in ("nack", "dead") and len(deliveries) > 1:
+        for d in deliveries:  # one script each: one that fails does not retry the others
+            settle(rq, op, [d], reason)
+        return
+    if op not in ("ack", "nack", "dead", "defer") or (op == "defer") != (delays_ms is not None):
+        raise ValueError(f"cannot settle with {op!r} (delays_ms {delays_ms!r})")
+    try:
+        if op == "ack":
+            done = rq.ack_many(deliveries)
+        elif op == "nack":
+            done = [rq.nack(deliveries[0], delay_ms=0, reason=reason) != "stale"]
+        elif op == "dead":
+            done = [rq.dead_letter(deliveries[0], reason)]
+        else:
+            deferred = rq.defer(list(zip(deliveries, delays_ms or (), strict=True)))
+            # The core answers a count: which claim was refused does not matter here.
+            done = [i < deferred for i in range(len(deliveries))]
+    except Exception as exc:
+        _not_landed(rq, op, deliveries, exc, reason, delays_ms)
+        return
+    _log_refused(op, deliveries, done)
+
+
+def _not_landed(
+    rq: ReliableQueue,
+    op: str,
+    deliveries: list[Delivery],
+    exc: Exception,
+    reason: str = "",
+    delays_ms: list[int] | None = None,
+) -> None:
+    """A settlement raised ``exc``: retry it from the lease keeper when Redis could not be
+    reached; nothing to do when it ran on the primary unconfirmed (``DurabilityError``);
+    otherwise Redis refused it and changed nothing: stop extending the claims, and the sweep
+    brings them back after their lease (at least once, never lost)."""
+    if isinstance(exc, ConnectionLost):
+        rq.retry_later(op, deliveries, reason, delays_ms=delays_ms)
+    elif isinstance(exc, DurabilityError):
+        log.warning("%s of %d claim(s) of %s: %s", op, len(deliveries), rq.name, exc)
     else:
-        ok = rq.dead_letter(d, reason)
-    if not ok:
-        log.warning("%s of %s refused: its lease had expired and it was redelivered", op, d.id)
+        log.error("%s of %d claim(s) of %s failed (%r); they return after their lease", op,
+                  len(deliveries), rq.name, exc, exc_info=exc)
+        abandon(rq, deliveries)
+
+
+def _log_refused(op: str, deliveries: list[Delivery], done: list[bool]) -> None:
+    stale = [d.id for d, ok in zip(deliveries, done, strict=True) if not ok]
+    if stale:
+        log.warning("%s of %s refused: the lease had expired and the message was "
+                    "redelivered", op, ", ".join(stale))
 
 
 class Kept:
@@ -324,14 +379,3 @@ def check_kept() -> None:
     tick; after a blip, the closed transport's poller no longer runs)."""
     for tags in list(ALL_TAGS):
         tags.kept.check()
-
-
-def _on_task_prerun(task_id: Any = None, **_: Any) -> None:
-    for tags in list(ALL_TAGS):
-        if isinstance(task_id, str):
-            tags.start_task_now(task_id)
-
-
-def connect_signals() -> None:
-    """Report in-process task starts (Celery's ``task_prerun`` signal)."""
-    celery_state.on_task_prerun(_on_task_prerun)

@@ -20,7 +20,8 @@ from . import options, topology
 from .channel import Channel
 from .poller import Poller
 from .qos import QoS
-from .tags import Tags, connect_signals
+from .starts import connect_signals
+from .tags import Tags
 
 log = logging.getLogger("belayq.kombu")
 

@@ -3,6 +3,7 @@ and the claim a dequeued job carries to the code that settles it."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -12,7 +13,7 @@ from typing import Any
 
 from rq.job import Job
 
-from belayq import Delivery, ReliableQueue
+from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue
 
 _ATTR = "_belayq_claim"
 #: Set by belayq_rq's workers while they dequeue and run maintenance (see :func:`driving`).
@@ -86,17 +87,57 @@ def core_for(
         cache: dict[Any, ReliableQueue] = vars(client).setdefault(_CACHE_ATTR, {})
         core = cache.get(cache_key)
         if core is None:
-            core = ReliableQueue(
-                client,
-                name,
-                ready_key=ready_key,
-                payload_in_list=True,
-                ready_head="left",
-                kind="rq",
-                lease_ms=lease_ms,
-                max_deliveries=max_deliveries,
-                exhausted="deliver",
-                **dict(options),
-            )
+            core = ReliableQueue(client, name, ready_key=ready_key, kind="rq",
+                                 **core_options(lease_ms, max_deliveries, options))
             cache[cache_key] = core
         return core
+
+
+#: QueueConfig fields belayq_rq sets itself: RQ's list layout (one list of job ids, no
+#: priority levels), and how RQ counts attempts.
+FIXED_OPTIONS: dict[str, Any] = {
+    "priority_steps": (0,),
+    "payload_in_list": True,
+    "ready_head": "left",
+    "exhausted": "deliver",
+    "claim_starts": True,
+}
+
+
+def core_options(lease_ms: Any, max_deliveries: Any, options: Any) -> dict[str, Any]:
+    """The core queue options of an RQ queue, checked: ``options`` (``belayq_options``)
+    may hold any :class:`~belayq.QueueConfig` field but the ones belayq_rq sets itself.
+
+    Raises:
+        ConfigError: ``options`` is no mapping, names an unknown or a fixed field, or a
+            value (``lease_ms`` and ``max_deliveries`` included) is out of range.
+    """
+    if not isinstance(options, Mapping):
+        raise ConfigError(
+            f"belayq_options must be a mapping of belayq.QueueConfig fields, got {options!r}"
+        )
+    valid = {f.name for f in dataclasses.fields(QueueConfig)}
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise ConfigError(
+            f"unknown belayq_options {unknown}; valid: {sorted(valid - _OWN - set(FIXED_OPTIONS))}"
+        )
+    own = sorted(_OWN & set(options))
+    if own:
+        raise ConfigError(
+            f"belayq_options may not set {own}: pass them as belayq_rq.Queue's own "
+            "keywords or class attributes (lease_ms=..., max_deliveries=...)"
+        )
+    fixed = sorted(set(FIXED_OPTIONS) & set(options))
+    if fixed:
+        raise ConfigError(
+            f"belayq_options may not set {fixed}: belayq_rq sets them to fit RQ's lists and "
+            f"workers ({', '.join(f'{k}={FIXED_OPTIONS[k]!r}' for k in fixed)})"
+        )
+    out = {**dict(options), **FIXED_OPTIONS, "lease_ms": lease_ms,
+           "max_deliveries": max_deliveries}
+    QueueConfig(**out)  # checks every value, raising ConfigError
+    return out
+
+
+_OWN = {"lease_ms", "max_deliveries"}

@@ -9,6 +9,7 @@ inside the transaction that records the job's outcome.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -19,17 +20,24 @@ from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue as RQQueue
 
-from belayq import ConnectionLost, Delivery, ReliableQueue
+from belayq import ConfigError, ConnectionLost, Delivery, ReliableQueue
 from belayq.claim_any import claim_any
 
 from . import settle
-from .claims import Claim, attach, core_for, driven
+from .claims import Claim, attach, core_for, core_options, driven
 
 if TYPE_CHECKING:
     from rq.serializers import Serializer
     from rq.timeouts import BaseDeathPenalty
 
 log = logging.getLogger("belayq_rq")
+
+#: The keywords RQ's Queue takes (it accepts any other and ignores it; "async" is its
+#: deprecated spelling of is_async).
+_RQ_KEYWORDS = {
+    p.name for p in inspect.signature(RQQueue.__init__).parameters.values()
+    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+} | {"async"}
 
 
 class Queue(RQQueue):
@@ -58,13 +66,38 @@ class Queue(RQQueue):
         *args: Any,
         lease_ms: int | None = None,
         max_deliveries: int | None = None,
+        belayq_options: Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(name, connection, *args, **kwargs)
+        """RQ's Queue arguments, and belayq's options (see the class doc).
+
+        Raises:
+            TypeError: A keyword that neither RQ's Queue nor belayq_rq takes (RQ's Queue
+                would silently ignore it).
+            ConfigError: A belayq option that is unknown, set by belayq_rq itself, or out
+                of range.
+        """
+        unknown = sorted(set(kwargs) - _RQ_KEYWORDS)
+        if unknown:
+            raise TypeError(
+                f"{type(self).__qualname__}() got unexpected keyword argument(s) {unknown}; "
+                f"it takes RQ's Queue arguments {sorted(_RQ_KEYWORDS)} and lease_ms, "
+                "max_deliveries, belayq_options"
+            )
+        extra = {} if belayq_options is None else belayq_options
+        for given in (type(self).belayq_options, extra):
+            if not isinstance(given, Mapping):
+                raise ConfigError(
+                    f"belayq_options must be a mapping of belayq.QueueConfig fields, got "
+                    f"{given!r}"
+                )
         self._lease_ms = lease_ms if lease_ms is not None else type(self).lease_ms
         self._max_deliveries = (
             max_deliveries if max_deliveries is not None else type(self).max_deliveries
         )
+        self._belayq_options = {**type(self).belayq_options, **extra}
+        core_options(self._lease_ms, self._max_deliveries, self._belayq_options)
+        super().__init__(name, connection, *args, **kwargs)
 
     def belayq(self, connection: Any = None) -> ReliableQueue:
         """The core queue behind this RQ queue (on ``connection``, default its own)."""
@@ -74,7 +107,7 @@ class Queue(RQQueue):
             self.key,
             lease_ms=self._lease_ms,
             max_deliveries=self._max_deliveries,
-            options=self.belayq_options,
+            options=self._belayq_options,
         )
 
     def acquire_maintenance_lock(self) -> bool:
@@ -216,7 +249,10 @@ def _load(
     except Exception as exc:  # not a valid id, or a hash RQ cannot read: never stop the worker
         reason = f"belayq_rq: cannot load job '{shown}': {exc!r}"
     log.error("dead-lettered an entry of %s: %s", core.name, reason)
-    core.dead_letter(delivery, reason)
+    try:
+        core.dead_letter(delivery, reason)
+    except ConnectionLost:  # the core's lease keeper dead-letters it once Redis is back
+        core.retry_later("dead", [delivery], reason)
     return None
 
 

@@ -19,6 +19,8 @@ from rq.executions import Execution, ExecutionRegistry
 from rq.job import Job, JobStatus
 from rq.queue import Queue as RQQueue
 
+from belayq import ConnectionLost
+
 from .claims import Claim
 
 if TYPE_CHECKING:
@@ -134,13 +136,19 @@ def requeue_lost(job: Job, claim: Claim, worker: Any, cause: str) -> str:
     goes back: a crash in between leaves the claim to expire and be swept back anyway.
 
     Returns:
-        The core's outcome: ``"ready"``, or ``"stale"`` when the lease was already lost.
+        The core's outcome: ``"ready"``, ``"stale"`` when the lease was already lost, or
+        ``"retrying"`` when Redis could not be reached: the core's lease keeper hands the
+        claim back once it can (``retry_later``), and the worker goes on meanwhile.
     """
     with job.connection.pipeline() as pipe:
         job.set_status(JobStatus.QUEUED, pipeline=pipe)
         _cleanup_execution(worker, job, pipe)
         pipe.execute()
-    outcome = claim.core.nack(claim.delivery, delay_ms=0, reason=cause)
+    try:
+        outcome = claim.core.nack(claim.delivery, delay_ms=0, reason=cause)
+    except ConnectionLost:
+        claim.core.retry_later("nack", [claim.delivery], cause)
+        outcome = "retrying"
     log.warning(
         "job %s: attempt lost (%s); redelivering (delivery %d of max %d): %s",
         job.id,

@@ -1,0 +1,123 @@
+"""A Celery task's start, reported to the core before the task body runs.
+
+A run counts toward ``max_deliveries`` (and then the dead-letter set) once the core hears
+that it started; what a worker only prefetched never counts. The report must reach Redis
+before the task can do anything, or a task that kills its whole worker at once (main
+process and pool children) is never counted and comes back without limit. So the process
+that runs a task reports it, on Celery's ``task_prerun`` signal, synchronously:
+
+* solo and threads pools: the worker's own process, which holds the claim
+  (:meth:`.tags.Tags.start_now`);
+* prefork: the pool child, over a connection of its own opened on its first task, with the
+  claim the message carries (:data:`CLAIM_PROPERTY`, set when the channel delivers it).
+
+When the report cannot reach Redis, the task still runs; the worker's main process reports
+the start on its next tick (:meth:`.tags.Tags.report_starts`), as the only report before.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from belayq import Delivery
+
+from . import celery_state
+from .tags import ALL_TAGS
+
+log = logging.getLogger("belayq.kombu")
+
+#: After a report that could not reach Redis, a pool child leaves the reports to the worker's
+#: main process for this long (s), instead of delaying each task by a connection timeout.
+QUIET_AFTER_FAILURE_S = 5.0
+
+#: Message property naming the claim a delivery stands for: ``[queue, message id, token]``.
+CLAIM_PROPERTY = "x-belayq-claim"
+
+
+def stamp(props: dict[str, Any], queue: str, delivery: Delivery | None) -> None:
+    """Mark a delivered message's properties with its claim (None: no claim to report, an
+    auto-acked delivery); a mark a producer copied from another message is replaced."""
+    if delivery is None:
+        props.pop(CLAIM_PROPERTY, None)
+    else:
+        props[CLAIM_PROPERTY] = [queue, delivery.id, delivery.token]
+
+
+class PoolChild:
+    """A pool child's reporter: one kombu connection of the child's own, opened with the
+    app's broker settings on its first task (a child never consumes, so it has none)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pid = 0
+        self._connection: Any = None
+        self._chan: Any = None
+        self._quiet_until = 0.0
+
+    def report(self, app: Any, claim: Any) -> None:
+        """Report the start of ``claim`` (a :data:`CLAIM_PROPERTY` value) at once."""
+        try:
+            queue, msg_id, token = (str(part) for part in claim)
+        except (TypeError, ValueError):
+            return  # not a claim this transport stamped
+        with self._lock:
+            if time.monotonic() < self._quiet_until:
+                return  # Redis was just unreachable: do not delay each task by a timeout
+            try:
+                [ok] = self._channel(app).queue(queue).report_started([(msg_id, token)])
+            except Exception as exc:  # the task must run anyway: it is counted later
+                log.warning("could not report the start of a task from %s (%r); the worker "
+                            "reports it on its next tick", queue, exc)
+                self._close()
+                self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
+                return
+        if not ok:
+            log.warning("a task of %s started on a claim that is no longer valid (its lease "
+                        "expired): the message may run twice", queue)
+
+    def _channel(self, app: Any) -> Any:
+        if self._pid != os.getpid():
+            self._connection = self._chan = None  # inherited from the parent: not ours
+            self._pid = os.getpid()
+        if self._chan is None:
+            self._connection = app.connection_for_read()
+            # One attempt (kombu's default_channel would retry for seconds): a failure is
+            # left to the worker's main process, see report().
+            self._chan = self._connection.channel()
+        return self._chan
+
+    def _close(self) -> None:
+        self._chan = None
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                connection.release()
+            except Exception:
+                log.debug("closing the start-report connection", exc_info=True)
+
+
+POOL_CHILD = PoolChild()
+
+
+def _on_task_prerun(task: Any = None, **_: Any) -> None:
+    props = getattr(getattr(task, "request", None), "properties", None)
+    if not isinstance(props, dict):
+        return
+    tag = props.get("delivery_tag")
+    if tag is None:
+        return
+    for tags in list(ALL_TAGS):
+        if tags.start_now(tag):
+            return
+    claim = props.get(CLAIM_PROPERTY)
+    if claim is not None:
+        POOL_CHILD.report(task.app, claim)
+
+
+def connect_signals() -> None:
+    """Report task starts from the process that runs them (Celery's ``task_prerun``)."""
+    celery_state.on_task_prerun(_on_task_prerun)
