@@ -73,13 +73,13 @@ def test_metrics_move_through_a_kill_9(client: redis.Redis, private_redis: Redis
     consumer = subprocess.Popen([sys.executable, "-c", CONSUMER, str(private_redis.port)],
                                 env=env, stdout=subprocess.PIPE, text=True)
     orders = (("kind", "belayq"), ("queue", "orders"))
-    READY_0 = (("kind", "belayq"), ("priority", "0"), ("queue", "orders"))  # noqa: N806
+    ready_0 = (("kind", "belayq"), ("priority", "0"), ("queue", "orders"))
     try:
         assert consumer.stdout is not None and consumer.stdout.readline().strip() == "5"
         assert exporter.stdout is not None and "exporter on" in exporter.stdout.readline()
         m = wait_for(lambda: _try(scrape, port), 20, "the first scrape")
         assert m[("belayq_in_flight", orders)] == 5
-        assert m[("belayq_ready", READY_0)] == 3
+        assert m[("belayq_ready", ready_0)] == 3
         assert m[("belayq_claimed_total", orders)] == 5
         assert m[("belayq_reclaimed_total", orders)] == 0
         time.sleep(LEASE_MS * 2 / 1000)  # the keeper renews: the leases stay young
@@ -96,7 +96,7 @@ def test_metrics_move_through_a_kill_9(client: redis.Redis, private_redis: Redis
         m = scrape(port)
         assert m[("belayq_in_flight", orders)] == 0
         assert m[("belayq_reclaimed_total", orders)] == 5
-        assert m[("belayq_ready", READY_0)] == 8
+        assert m[("belayq_ready", ready_0)] == 8
         assert ("belayq_oldest_lease_age_seconds", orders) not in m
         assert 0 <= m[("belayq_oldest_ready_age_seconds", orders)] < 60
     finally:
