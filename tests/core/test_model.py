@@ -624,7 +624,16 @@ class QueueMachine(RuleBasedStateMachine):
             for token in ("0", "", "forged")
         ] + [Delivery("no-such-id", b"", "forged", 1, self.name)]
         d = data.draw(st.sampled_from(stale + forged))
-        self.settle(Settle(op, data.draw(st.integers(0, 1)), (d,), reason="late"))
+        consumer = data.draw(st.integers(0, 1))
+        if not d.token:  # a bad argument: refused before any call, nothing changes
+            q = self.qs[consumer]
+            with pytest.raises(ConfigError):
+                {"ack": lambda: q.ack(d), "nack": lambda: q.nack(d, reason="late"),
+                 "bury": lambda: q.dead_letter(d, "late"), "extend": lambda: q.extend([d]),
+                 "release": lambda: q.release([d]), "defer": lambda: q.defer([(d, 0)]),
+                 "start_now": lambda: q.start([d], now=True)}[op]()
+            return
+        self.settle(Settle(op, consumer, (d,), reason="late"))
 
     def unchanging(self) -> dict[str, Any]:
         """What a refused settle leaves alone: all but the counters (and the bell, which a

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .arguments import check_int
 from .config import QueueConfig
 from .constants import BELL_SCAN, PURGE_BATCH
 from .errors import ConfigError
@@ -131,12 +132,20 @@ class QueueAdmin:
     def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
         """Put dead letters back on their ready lists with fresh counts: those in ``ids``,
         or, when ``ids`` is None, the oldest ``limit``. An empty ``ids`` replays nothing.
-        Returns how many were replayed."""
+        Returns how many were replayed.
+
+        Raises:
+            ConfigError: A ``limit`` that is not an int >= 1, or ``ids`` that are not a
+                sequence of non-empty str.
+        """
+        check_int("limit", limit, minimum=1)
         if ids is None:
             return int(self._scripts.run("replay", limit))
-        if isinstance(ids, (str, bytes)):
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise ConfigError("replay_dead(ids=...) takes a sequence of ids, not one string")
         ids = list(ids)
+        if any(not isinstance(i, str) or not i for i in ids):
+            raise ConfigError(f"replay_dead(ids=...) takes non-empty str ids, got {ids!r}")
         if not ids:
             return 0
         return int(self._scripts.run("replay", limit, *ids))
@@ -145,7 +154,13 @@ class QueueAdmin:
     def purge(self, on_batch: Callable[[int], Any] | None = None) -> int:
         """Delete every waiting (ready or delayed) message, in batches of 1,000 so no script
         holds Redis for long; returns how many (``on_batch``: called with the count so far
-        after each batch)."""
+        after each batch).
+
+        Raises:
+            ConfigError: An ``on_batch`` that is not callable.
+        """
+        if on_batch is not None and not callable(on_batch):
+            raise ConfigError(f"on_batch must be callable or None, got {on_batch!r}")
         total = 0
         while True:
             purged, more = (int(x) for x in self._scripts.run("purge", PURGE_BATCH))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -53,6 +54,22 @@ class EvictionRiskWarning(BelayqWarning):
     keep them; a full server then refuses writes (OOM) instead."""
 
 
+#: An error reply of belayq's own scripts (lua/includes/check.lua): its kind and message.
+#: Redis 6.2 wraps it ("Error running script (call to f_...): @user_script:N: BELAYQ ..."),
+#: Redis 7 and Valkey append where it was raised (" script: ..., on @user_script:N.").
+_SCRIPT_ERROR = re.compile(r"BELAYQ (bad argument): (.*?)(?: script: [^\n]*)?\s*$", re.S)
+
+
+def script_error(exc: BaseException) -> BelayqError | None:
+    """The belayq error a script's error reply stands for, or None for any other error."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    found = _SCRIPT_ERROR.search(str(exc))
+    if found is None:
+        return None
+    return ConfigError(found.group(2))
+
+
 def left_primary(exc: BaseException) -> bool:
     """Whether ``exc`` is a server's answer that it is no longer the primary, after a
     failover demoted it: ``READONLY`` (a write or script sent to a replica: it ran nothing)
@@ -74,9 +91,10 @@ def drop_connections(client: Any) -> None:
 
 
 def redis_errors(fn: F) -> F:
-    """Translate redis-py's connection errors, and a demoted primary's answers
-    (:func:`left_primary`: then the connections of the owner's client are dropped), into
-    :class:`ConnectionLost`."""
+    """Translate redis-py's errors at the core's boundary: the error replies of belayq's
+    scripts (:func:`script_error`) into their belayq errors; connection errors, and a
+    demoted primary's answers (:func:`left_primary`: then the connections of the owner's
+    client are dropped), into :class:`ConnectionLost`."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -85,6 +103,9 @@ def redis_errors(fn: F) -> F:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
         except redis.ResponseError as exc:
+            mapped = script_error(exc)
+            if mapped is not None:
+                raise mapped from exc
             if not left_primary(exc):
                 raise
             if args:

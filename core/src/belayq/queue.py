@@ -14,6 +14,7 @@ import redis
 
 from . import client_info
 from .admin import QueueAdmin
+from .arguments import check_deliveries
 from .config import QueueConfig
 from .config import check_count as _check_count
 from .constants import (
@@ -299,7 +300,12 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
 
     @_redis_errors
     def extend(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """Extend the leases of many claims to now + ``lease_ms``; one bool per claim."""
+        """Extend the leases of many claims to now + ``lease_ms``; one bool per claim.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery.
+        """
+        deliveries = check_deliveries("extend", deliveries)
         if not deliveries:
             return []
         return self._extend(deliveries, count_stale=True)
@@ -324,7 +330,12 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         attempts from now on; see ``claim_starts``). The report rides on the lease keeper's
         next extend, costing no round trip of its own; ``now`` sends it at once (one script),
         for consumers that run the message in this very process. No-op when
-        ``claim_starts`` already counted them."""
+        ``claim_starts`` already counted them.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery.
+        """
+        deliveries = check_deliveries("start", deliveries)
         if self.config.claim_starts or not deliveries:
             return
         with self._lock:

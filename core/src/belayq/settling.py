@@ -8,6 +8,7 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .arguments import check_deliveries, check_delivery, check_int, check_text
 from .config import QueueConfig
 from .constants import REASON_MAX_CHARS, RESULT_MAX_BYTES
 from .errors import ConfigError
@@ -57,23 +58,36 @@ class Settling(HeldClaims):
 
         A claim whose message is no longer in the queue at all (a re-sent ack whose first
         run settled it) answers True.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery, or ``results`` that do not match.
         """
+        args = self._ack_args(deliveries, results)
         if not deliveries:
             return []
         with self._settling(deliveries):
-            reply = self._scripts.run(
-                "ack", *self._ack_args(deliveries, results), durable=self.config.durable
-            )
+            reply = self._scripts.run("ack", *args, durable=self.config.durable)
         return [bool(int(x)) for x in reply]
 
     def _ack_args(
         self, deliveries: Sequence[Delivery],
         results: Sequence[bytes | str | None] | None = None,
     ) -> list[Arg]:
+        check_deliveries("ack", deliveries)
+        if results is not None:
+            if not isinstance(results, Sequence) or isinstance(results, (str, bytes)):
+                raise ConfigError(f"results must be a sequence, got {type(results).__name__}")
+            if len(results) != len(deliveries):
+                raise ConfigError(
+                    f"ack_many got {len(results)} results for {len(deliveries)} claims"
+                )
+            for result in results:
+                if result is not None and not isinstance(result, (bytes, str)):
+                    raise ConfigError(
+                        f"a result must be bytes, str or None, got {type(result).__name__}"
+                    )
         if results is None or not self.config.history_max:
             return ["0", *self._pairs(deliveries)]
-        if len(results) != len(deliveries):
-            raise ConfigError(f"ack_many got {len(results)} results for {len(deliveries)} claims")
         args: list[Arg] = ["1"]
         for d, result in zip(deliveries, results, strict=True):
             args += [d.id, d.token, _result_text(result)]
@@ -100,8 +114,16 @@ class Settling(HeldClaims):
         Returns:
             ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries runs reached) or
             ``"stale"`` (another claim holds it now, or it is gone).
+
+        Raises:
+            ConfigError: Not a Delivery, a delay that is not None or an int >= 0, or a
+                reason that is not a str. Nothing is sent: the claim is still held.
         """
-        if delay_ms is None:
+        check_delivery("nack", delivery)
+        check_text("reason", reason)
+        if delay_ms is not None:
+            check_int("delay_ms", delay_ms)
+        else:
             delay_ms = self.backoff_ms(max(delivery.attempts, delivery.deliveries))
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, delay_ms,
@@ -111,7 +133,13 @@ class Settling(HeldClaims):
 
     @_redis_errors
     def dead_letter(self, delivery: Delivery, reason: str) -> bool:
-        """Dead-letter a claim now (a malformed or unknown message). False if stale."""
+        """Dead-letter a claim now (a malformed or unknown message). False if stale.
+
+        Raises:
+            ConfigError: Not a Delivery, or a reason that is not a str.
+        """
+        check_delivery("dead_letter", delivery)
+        check_text("reason", reason)
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
             reply = self._scripts.run("nack", *args, durable=self.config.durable)
@@ -125,7 +153,12 @@ class Settling(HeldClaims):
 
     @_redis_errors
     def release(self, deliveries: Sequence[Delivery]) -> int:
-        """Hand unstarted claims back to the front of the queue (uncounted deliveries)."""
+        """Hand unstarted claims back to the front of the queue (uncounted deliveries).
+
+        Raises:
+            ConfigError: A claim that is not a Delivery.
+        """
+        check_deliveries("release", deliveries)
         if not deliveries:
             return 0
         with self._settling(deliveries):
@@ -145,14 +178,19 @@ class Settling(HeldClaims):
             How many were deferred (a claim that another one holds now is refused).
 
         Raises:
-            ConfigError: A delay that is not an int >= 0.
+            ConfigError: Not a sequence of ``(Delivery, delay_ms)``, or a delay that is not
+                an int >= 0.
         """
+        if not isinstance(deferrals, Sequence) or isinstance(deferrals, (str, bytes)):
+            raise ConfigError(f"defer takes a sequence of (delivery, delay_ms), got {deferrals!r}")
+        args: list[Arg] = []
+        for pair in deferrals:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ConfigError(f"defer takes (delivery, delay_ms) pairs, got {pair!r}")
+            d, delay_ms = pair
+            check_delivery("defer", d)
+            args += [d.id, d.token, check_int("delay_ms", delay_ms)]
         if not deferrals:
             return 0
-        args: list[Arg] = []
-        for d, delay_ms in deferrals:
-            if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-                raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
-            args += [d.id, d.token, delay_ms]
         with self._settling([d for d, _ in deferrals]):
             return int(self._scripts.run("defer", *args, durable=self.config.durable))

@@ -62,14 +62,25 @@ def _pasted(includes: list[str]) -> str:
     )
 
 
+def _preamble(name: str) -> str:
+    """What runs before script ``name``'s own statements, as a script and as a function:
+    the common arguments read and checked, and the key vector checked against the roles of
+    its contract block (lua/includes/check.lua)."""
+    roles = key_roles(name)
+    fixed = sum(1 for r in roles if r != "levels")
+    levels = "true" if "levels" in roles else "false"
+    return f"read_context()\ncheck_keys({fixed}, {levels})"
+
+
 @cache
 def source(name: str) -> str:
     """The full text of script ``name``: its includes (each once, dependencies first), the
-    reading of the common arguments, then its own statements."""
+    preamble (the common arguments read, every check that needs no state), then its own
+    statements."""
     includes = _includes(_text(_lua_dir() / f"{name}.lua"), [])
     if "context" not in includes:
         raise ValueError(f"{name}.lua must include context (directly or not)")
-    return f"{_pasted(includes)}\nread_context()\n{_own_text(name)}"
+    return f"{_pasted(includes)}\n{_preamble(name)}\n{_own_text(name)}"
 
 
 @cache
@@ -94,7 +105,7 @@ def library() -> tuple[str, str]:
     lib = "belayq_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:12]
     registrations = "\n".join(
         f"redis.register_function('{lib}_{name}', function(keys, args)\n"
-        f"  KEYS, ARGV = keys, args\n  read_context()\n  return script_{name}()\nend)"
+        f"  KEYS, ARGV = keys, args\n{_preamble(name)}\n  return script_{name}()\nend)"
         for name in SCRIPT_NAMES
     )
     return lib, f"#!lua name={lib}\n{body}\n{registrations}\n"

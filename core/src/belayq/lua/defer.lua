@@ -11,29 +11,47 @@
 -- ARGV[7..]          triples of (id, token, delay_ms): due after delay_ms (server clock)
 -- Returns the number deferred; triples held by another claim are refused and counted in
 -- stats.stale_acks.
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 -- @include counters
 -- @include holds
 -- @include meta
 
 local leases, delayed, meta, stats = KEYS[1], KEYS[2], KEYS[3], KEYS[5]
-local now = now_ms()
-local deferred, stale = 0, 0
-for i = 7, #ARGV - 2, 3 do
-  local id, token, delay_ms = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
-  local m = holds(meta, id, token)
+arg_groups(7, 3, 'deferrals', 1)
+for i = 7, #ARGV, 3 do
+  text_arg(i, 'id')
+  text_arg(i + 1, 'token')
+  int_arg(i + 2, 'delay_ms', 0)
+end
+
+-- Every claim's state is read before anything is written. A message named again after its
+-- deferral counts as stale (it keeps its state, waiting).
+local wait, seen = {}, {}
+local stale = 0
+for i = 7, #ARGV, 3 do
+  local id = ARGV[i]
+  local m = not seen[id] and holds(meta, id, ARGV[i + 1])
   if m then
-    redis.call('ZREM', leases, id)
-    m.n = math.max(0, m.n - 1)
-    if m.s then m.a = math.max(0, m.a - 1) end
-    m.t, m.s = '', false
-    meta_put(meta, id, m)
-    redis.call('ZADD', delayed, now + math.max(0, delay_ms), id)
-    deferred = deferred + 1
-  elseif redis.call('HEXISTS', meta, id) == 1 then
+    seen[id] = true
+    wait[#wait + 1] = {id = id, m = m, delay_ms = tonumber(ARGV[i + 2])}
+  elseif seen[id] or redis.call('HEXISTS', meta, id) == 1 then
     stale = stale + 1
   end
 end
+
+local now = now_ms()
+for _, w in ipairs(wait) do
+  local m = w.m
+  redis.call('ZREM', leases, w.id)
+  m.n = math.max(0, m.n - 1)
+  if m.s then m.a = math.max(0, m.a - 1) end
+  m.t, m.s = '', false
+  meta_put(meta, w.id, m)
+  redis.call('ZADD', delayed, now + w.delay_ms, w.id)
+end
+local deferred = #wait
 count(stats, 'deferred', deferred)
 count(stats, 'stale_acks', stale)
 return deferred

@@ -7,8 +7,11 @@
 -- KEYS[10] history_done, KEYS[11] history_failed, KEYS[12..] levels
 -- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 
+args_exactly(6)
 if redis.call('LLEN', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[2]) > 0 then
   return 0
 end

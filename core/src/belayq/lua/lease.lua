@@ -12,15 +12,17 @@
 -- ARGV[13] entry      the element BLMOVE returned
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, attempts1, ...}; lost is
 -- 1 when the BLMOVE-d entry could not be leased (swept back, or a copy already in flight).
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 -- @include claim_keys
 -- @include claiming
 -- @include recover
 
 local k = claim_keys()
-local a = claim_args()
+local a = claim_args(13)
 local want = a.want
-local entry = ARGV[13]
+local entry = any_arg(13, 'entry')
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)

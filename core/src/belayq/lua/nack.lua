@@ -15,6 +15,8 @@
 -- ARGV[10] reason    kept as the last error
 -- ARGV[11] bury      '1' = dead-letter now whatever the count
 -- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token).
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 -- @include counters
 -- @include holds
@@ -24,9 +26,11 @@
 local k = {leases = KEYS[1], delayed = KEYS[2], dead = KEYS[3], meta = KEYS[4],
   payloads = KEYS[5], stats = KEYS[6], history_failed = KEYS[7], levels = {}}
 for i = 8, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
-local id, token = ARGV[7], ARGV[8]
-local delay_ms = tonumber(ARGV[9])
-local reason = ARGV[10]
+args_exactly(11)
+local id, token = text_arg(7, 'id'), text_arg(8, 'token')
+local delay_ms = int_arg(9, 'delay_ms', 0)
+local reason = any_arg(10, 'reason')
+local bury = flag_arg(11, 'bury')
 
 local m = holds(k.meta, id, token)
 if not m then
@@ -35,7 +39,7 @@ if not m then
 end
 local now = now_ms()
 count(k.stats, 'nacked', 1)
-if ARGV[11] == '1' then
+if bury then
   redis.call('ZREM', k.leases, id)
   if not m.s then m.a = m.a + 1 end
   dead_letter(k, id, m, reason, now)

@@ -21,6 +21,8 @@
 -- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
 -- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 -- @include counters
 -- @include ids
@@ -31,7 +33,15 @@
 local k = {meta = KEYS[1], payloads = KEYS[2], leases = KEYS[3], delayed = KEYS[4],
   dead = KEYS[5], memo = KEYS[6], memo_exp = KEYS[7], stats = KEYS[8], levels = {}}
 for i = 9, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
-local dedup_window_ms = tonumber(ARGV[7])
+local dedup_window_ms = int_arg(7, 'dedup_window_ms', 1)
+arg_groups(8, 5, 'messages', 1)
+for g = 8, #ARGV, 5 do
+  text_arg(g, 'id')
+  any_arg(g + 1, 'payload')
+  int_arg(g + 2, 'level', 1, #k.levels)
+  int_arg(g + 3, 'delay_ms', 0)
+  any_arg(g + 4, 'dedup_id')
+end
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)

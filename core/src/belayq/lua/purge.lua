@@ -12,6 +12,8 @@
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages deleted by this call
 -- Returns {purged, more}: more is 1 when waiting messages are left (call again).
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 -- @include counters
 -- @include ids
@@ -19,7 +21,8 @@
 
 local delayed, leases, dead, meta, payloads, stats =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local limit = tonumber(ARGV[7])
+args_exactly(7)
+local limit = int_arg(7, 'limit', 1)
 local purged = 0
 
 local function forget(id)

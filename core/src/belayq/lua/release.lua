@@ -10,6 +10,8 @@
 -- ARGV[7..]          pairs of (id, token)
 -- Returns the number released; pairs held by another claim are refused and counted in
 -- stats.stale_acks.
+-- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
+-- (includes/check.lua).
 -- @include context
 -- @include counters
 -- @include holds
@@ -18,21 +20,36 @@
 
 local k = {leases = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4], levels = {}}
 for i = 5, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
-local released, stale = 0, 0
--- Last first, so that pushing each to the head keeps the claims' order.
+arg_groups(7, 2, 'claims', 1)
+for i = 7, #ARGV, 2 do
+  text_arg(i, 'id')
+  text_arg(i + 1, 'token')
+end
+
+-- Every claim's state is read before anything is written, last first as they are handed
+-- back. A message named again after its release counts as stale if it keeps a state.
+local back, kept = {}, {}
+local stale = 0
 for i = #ARGV - 1, 7, -2 do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local m = holds(k.meta, id, token)
+  local id = ARGV[i]
+  local m = kept[id] == nil and holds(k.meta, id, ARGV[i + 1])
   if m then
-    redis.call('ZREM', k.leases, id)
     m.n = math.max(0, m.n - 1)
     if m.s then m.a = math.max(0, m.a - 1) end
-    to_ready(k, id, m, true)
-    released = released + 1
-  elseif redis.call('HEXISTS', k.meta, id) == 1 then
+    back[#back + 1] = {id = id, m = m}
+    kept[id] = not (m.n == 0 and m.a == 0 and m.x == 0 and m.e == '') and
+      (not INLINE or redis.call('HEXISTS', k.payloads, id) == 1)
+  elseif kept[id] or (kept[id] == nil and redis.call('HEXISTS', k.meta, id) == 1) then
     stale = stale + 1
   end
 end
+
+-- Last first, so that pushing each to the head keeps the claims' order.
+for _, b in ipairs(back) do
+  redis.call('ZREM', k.leases, b.id)
+  to_ready(k, b.id, b.m, true)
+end
+local released = #back
 fix_door(k.levels)
 count(k.stats, 'released', released)
 count(k.stats, 'stale_acks', stale)
