@@ -8,6 +8,7 @@ from .errors import (
     CrossSlot,
     DurabilityError,
     EvictionRiskWarning,
+    NotPermitted,
     RedisTooOld,
     SchemaMismatch,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "EventStream",
     "EvictionRiskWarning",
     "HistoryRecord",
+    "NotPermitted",
     "Published",
     "QueueConfig",
     "QueueKeys",

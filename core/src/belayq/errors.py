@@ -29,6 +29,11 @@ class SchemaMismatch(BelayqError):
     """The queue's keys were written by a belayq with another key schema version."""
 
 
+class NotPermitted(ConfigError):
+    """The server's ACL refuses a command belayq needs; the message names it and the rule to
+    add (docs/acl.md). Nothing was changed by the refused call."""
+
+
 class CrossSlot(ConfigError):
     """The queue's keys would land on more than one Redis Cluster hash slot."""
 
@@ -57,7 +62,9 @@ class EvictionRiskWarning(BelayqWarning):
 #: An error reply of belayq's own scripts (lua/includes/check.lua): its kind and message.
 #: Redis 6.2 wraps it ("Error running script (call to f_...): @user_script:N: BELAYQ ..."),
 #: Redis 7 and Valkey append where it was raised (" script: ..., on @user_script:N.").
-_SCRIPT_ERROR = re.compile(r"BELAYQ (bad argument): (.*?)(?: script: [^\n]*)?\s*$", re.S)
+_SCRIPT_ERROR = re.compile(
+    r"BELAYQ (bad argument|not permitted): (.*?)(?: script: [^\n]*)?\s*$", re.S
+)
 
 
 def script_error(exc: BaseException) -> BelayqError | None:
@@ -65,9 +72,12 @@ def script_error(exc: BaseException) -> BelayqError | None:
     if not isinstance(exc, redis.ResponseError):
         return None
     found = _SCRIPT_ERROR.search(str(exc))
-    if found is None:
-        return None
-    return ConfigError(found.group(2))
+    if found is not None:
+        kind = NotPermitted if found.group(1) == "not permitted" else ConfigError
+        return kind(found.group(2))
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return NotPermitted(f"the server's ACL refuses a command belayq needs (docs/acl.md): {exc}")
+    return None
 
 
 def left_primary(exc: BaseException) -> bool:

@@ -1,11 +1,18 @@
 """The Lua transitions in ``lua/``, as belayq sends them: each script's full text (its
 includes pasted once, dependencies first), its SHA1, its key roles (the ``KEYS[i] role``
-lines of its contract block), and the FUNCTION library that holds them all.
+lines of its contract block), the commands it may call, and the FUNCTION library that holds
+them all.
 
 Each script file is one transition and opens with its contract block. ``-- @include name``
 lines name the ``lua/includes/name.lua`` it uses (each pasted once, its own includes first).
 The ``KEYS[i] <role>`` lines are the script's key vector: the runner reads them, so the keys
-each script is given and the keys its header names cannot drift apart."""
+each script is given and the keys its header names cannot drift apart.
+
+The commands a script may call are read from its text (every ``redis.call('NAME'``), so the
+ACL check each script makes before its first write (lua/includes/check.lua) cannot drift
+from what it runs. A command called only inside a function marked ``-- @when history`` is
+checked only when the history is on; ``redis.call(EVENTS`` is the events' PUBLISH or
+SPUBLISH, checked on the queue's channel only when events are on."""
 
 from __future__ import annotations
 
@@ -17,6 +24,11 @@ from importlib import resources
 from typing import Any
 
 _INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
+_CALL = re.compile(r"redis\.p?call\(([^,)]*)")
+_LITERAL = re.compile(r"^'([A-Z]+)'$|'([A-Z]+)'")
+_FUNCTION = re.compile(r"^local function (\w+)\(")
+_NAME = re.compile(r"\b(\w+)\s*\(")
+_WHEN = re.compile(r"^-- @when (history)$")
 _KEY = re.compile(r"KEYS\[(\d+)(\.\.)?\]\s+(\w+)")
 _SAME_KEYS = re.compile(r"^-- KEYS: as (\w+)\.lua", re.MULTILINE)
 SCRIPT_NAMES = (
@@ -62,14 +74,95 @@ def _pasted(includes: list[str]) -> str:
     )
 
 
+def _functions(name: str) -> dict[str, tuple[str | None, str]]:
+    """The top-level functions of script ``name``'s includes: name -> (its ``@when`` mark
+    or None, its text). Each opens with ``local function`` and closes with an ``end`` at the
+    start of a line."""
+    out: dict[str, tuple[str | None, str]] = {}
+    current: list[str] | None = None
+    fname, when, marked = "", None, None
+    for inc in _includes(_text(_lua_dir() / f"{name}.lua"), []):
+        for line in _text(_lua_dir() / "includes" / f"{inc}.lua").splitlines():
+            found = _WHEN.match(line)
+            opened = _FUNCTION.match(line)
+            if found:
+                marked = found.group(1)
+            elif opened and current is None:
+                fname, when, marked, current = opened.group(1), marked, None, [line]
+            elif current is not None:
+                current.append(line)
+                if line == "end":
+                    out[fname] = (when, "\n".join(current))
+                    current = None
+            elif _CALL.search(line):
+                raise ValueError(f"includes/{inc}.lua: redis.call outside a function: {line}")
+    return out
+
+
+def _calls(text: str, where: str) -> tuple[set[str], bool]:
+    """The commands ``redis.call`` runs in ``text``, and whether it publishes events."""
+    names: set[str] = set()
+    events = False
+    for expr in _CALL.findall(text):
+        expr = expr.strip()
+        if expr == "EVENTS":
+            events = True
+            continue
+        found = [a or b for a, b in _LITERAL.findall(expr)]
+        if not found:
+            raise ValueError(f"{where}: cannot tell which command redis.call({expr} runs")
+        names.update(found)
+    return names, events
+
+
+@cache
+def commands(name: str) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """The commands script ``name`` may call, read from its text: ``(always, history,
+    events)``: those of every call, those only of a call with the history on, and whether
+    it publishes events. Only the functions its own statements reach count.
+
+    Raises:
+        ValueError: A ``redis.call`` whose command cannot be read from the text.
+    """
+    functions = _functions(name)
+    always, events = _calls(_own_text(name), f"{name}.lua")
+    history: set[str] = set()
+    seen: set[str] = set()
+    todo = [f for f in _NAME.findall(_own_text(name)) if f in functions]
+    while todo:
+        f = todo.pop()
+        if f in seen:
+            continue
+        seen.add(f)
+        when, text = functions[f]
+        found, publishes = _calls(text, f"{name}.lua ({f})")
+        (history if when == "history" else always).update(found)
+        events = events or publishes
+        todo += [g for g in _NAME.findall(text) if g in functions and g != f]
+    return tuple(sorted(always)), tuple(sorted(history - always)), events
+
+
+def _lua_list(names: tuple[str, ...]) -> str:
+    return "{" + ", ".join(f"'{n}'" for n in names) + "}"
+
+
 def _preamble(name: str) -> str:
     """What runs before script ``name``'s own statements, as a script and as a function:
-    the common arguments read and checked, and the key vector checked against the roles of
-    its contract block (lua/includes/check.lua)."""
+    the common arguments read and checked, the key vector checked against the roles of its
+    contract block, and the caller's ACL checked for every command this call may run
+    (lua/includes/check.lua)."""
     roles = key_roles(name)
     fixed = sum(1 for r in roles if r != "levels")
     levels = "true" if "levels" in roles else "false"
-    return f"read_context()\ncheck_keys({fixed}, {levels})"
+    always, history, events = commands(name)
+    if events and "stats" not in roles:
+        raise ValueError(f"{name}.lua publishes events but has no stats key to name the channel")
+    channel = f"events_channel(KEYS[{roles.index('stats') + 1}])" if events else "nil"
+    return (
+        f"read_context()\ncheck_keys({fixed}, {levels})\n"
+        f"check_acl('{name}', {_lua_list(always)}, HISTORY_MAX > 0 and {_lua_list(history)}, "
+        f"{'EVENTS' if events else 'false'}, {channel})"
+    )
 
 
 @cache

@@ -14,8 +14,8 @@
 -- (counted in stats.stale_acks; nothing changes). An inline message that waits again with
 -- nothing to remember (released) cannot be told from a gone one: 1.
 -- Acked messages go into the done history and out as completed events when those are on.
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include history

@@ -7,8 +7,8 @@
 -- KEYS[10] history_done, KEYS[11] history_failed, KEYS[12..] levels
 -- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 
 args_exactly(6)

@@ -13,8 +13,8 @@
 --           (counted once per claim as an attempt)
 -- Returns one integer per triple: 1 extended, 0 refused (the claim was swept or settled;
 -- the caller must stop working on it).
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include holds

@@ -15,8 +15,8 @@
 -- ARGV[10] reason    kept as the last error
 -- ARGV[11] bury      '1' = dead-letter now whatever the count
 -- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token).
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include holds

@@ -21,8 +21,8 @@
 -- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
 -- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include ids

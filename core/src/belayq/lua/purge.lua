@@ -12,8 +12,8 @@
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages deleted by this call
 -- Returns {purged, more}: more is 1 when waiting messages are left (call again).
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include ids

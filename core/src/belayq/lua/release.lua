@@ -10,8 +10,8 @@
 -- ARGV[7..]          pairs of (id, token)
 -- Returns the number released; pairs held by another claim are refused and counted in
 -- stats.stale_acks.
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include holds

@@ -9,8 +9,8 @@
 -- for among the first 1,000 entries from the head (constants.BELL_SCAN), where it sits (it
 -- is rung into an empty list, and only hand-backs are pushed before it), so that the cost
 -- stays O(1) in the queue's length; one deeper still would count once.
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include ready
 
 args_exactly(6)

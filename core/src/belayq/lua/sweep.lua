@@ -16,8 +16,8 @@
 -- ARGV[7] limit    bound on each step
 -- ARGV[8] grace_ms length of a provisional lease (ms)
 -- Returns {1, reclaimed, dead_lettered, adopted, promoted, orphans_found}.
--- Errors: 'BELAYQ bad argument: <what>' for a bad argument, raised before any write
--- (includes/check.lua).
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include claim_keys
 -- @include memo

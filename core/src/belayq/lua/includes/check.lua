@@ -8,8 +8,10 @@
 
 local INT_MAX = 1000000000000000
 
-local function shown(v)
-  return (string.gsub(string.sub(v, 1, 40), '[%c"]', '?'))
+-- A value as an error message shows it: control characters and quotes replaced, cut to
+-- `max` bytes (40 by default).
+local function shown(v, max)
+  return (string.gsub(string.sub(v, 1, max or 40), '[%c"]', '?'))
 end
 
 local function bad(what)
@@ -72,5 +74,41 @@ local function check_keys(fixed, levels)
   if (levels and #KEYS <= fixed) or (not levels and #KEYS ~= fixed) then
     bad('expected ' .. fixed .. (levels and ' keys and the ready lists' or ' keys') ..
       ', got ' .. #KEYS .. ' keys')
+  end
+end
+
+-- Redis checks each command a script calls against the caller's ACL when the script calls
+-- it: a refusal after the first write would leave half a transition. So every command the
+-- call may run in its mode (sources.py lists them from the script's text) is checked first
+-- with redis.acl_check_cmd (Redis 7.0+, Valkey); a refusal is the error reply
+-- 'BELAYQ not permitted: <command and the rule to add>'. Redis 6.2 has no such check: there
+-- a refused command still fails the script where it is called.
+local function not_permitted(script, command, why, rule)
+  error('BELAYQ not permitted: this ACL user may not run ' .. command .. why .. ', which ' ..
+    script .. ' needs: add ' .. rule .. " to the user's rules (docs/acl.md)", 0)
+end
+
+-- `always`: the commands of every call; `history`: those of a call with the history on
+-- (nil when it is off); `events`: 'PUBLISH' or 'SPUBLISH' when events are on, else false,
+-- and `channel` the queue's event channel. Each command is checked with the call's first
+-- key in every key position (the server has already checked the call's keys).
+local function check_acl(script, always, history, events, channel)
+  if not redis.acl_check_cmd then return end
+  local key = KEYS[1]
+  for _, command in ipairs(always) do
+    if not redis.acl_check_cmd(command, key, key, key) then
+      not_permitted(script, command, '', '+' .. string.lower(command))
+    end
+  end
+  for _, command in ipairs(history or {}) do
+    if not redis.acl_check_cmd(command, key, key, key) then
+      not_permitted(script, command, ' (the history, history_max)',
+        '+' .. string.lower(command))
+    end
+  end
+  if events and not redis.acl_check_cmd(events, channel, 'event') then
+    not_permitted(script, events, ' on channel ' .. shown(channel, 400) .. ' (events=True)',
+      '+' .. string.lower(events) .. ' and a channel rule that matches it, such as &' ..
+      shown(channel, 400))
   end
 end

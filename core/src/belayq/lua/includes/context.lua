@@ -43,6 +43,12 @@ local function read_context()
   REPLY_WINDOW_MS = int_arg(6, 'reply_window_ms', 1)
 end
 
+-- The queue's event channel: the prefix of its keys (so its hash tag and cluster slot) and
+-- 'events', derived from its stats key.
+local function events_channel(stats)
+  return string.sub(stats, 1, -6) .. 'events'
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + SKEW_MS
