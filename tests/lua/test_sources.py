@@ -10,6 +10,7 @@ from belayq import sources
 
 def test_a_read_only_script_lists_only_what_it_reads() -> None:
     assert sources.commands("stats") == (("HGETALL", "LLEN", "LPOS", "ZCARD"), (), False)
+    assert sources.flags("stats") == ("no-writes",)
 
 
 def test_history_commands_are_listed_apart_and_events_flagged() -> None:
@@ -19,8 +20,10 @@ def test_history_commands_are_listed_apart_and_events_flagged() -> None:
 
 
 def test_functions_the_script_never_reaches_do_not_count() -> None:
-    always, _, events = sources.commands("drop")
+    always, _, events = sources.commands("drop", function=True)
     assert always == ("DEL", "LLEN", "ZCARD") and not events
+    # as a script, its first command is the harmless write a full server lets through
+    assert sources.commands("drop")[0] == ("DEL", "LLEN", "ZCARD", "ZREM")
 
 
 @pytest.mark.parametrize("name", sources.SCRIPT_NAMES)

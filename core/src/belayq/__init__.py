@@ -9,6 +9,7 @@ from .errors import (
     DurabilityError,
     EvictionRiskWarning,
     NotPermitted,
+    OutOfMemory,
     RedisTooOld,
     SchemaMismatch,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "EvictionRiskWarning",
     "HistoryRecord",
     "NotPermitted",
+    "OutOfMemory",
     "Published",
     "QueueConfig",
     "QueueKeys",

@@ -34,6 +34,13 @@ class NotPermitted(ConfigError):
     add (docs/acl.md). Nothing was changed by the refused call."""
 
 
+class OutOfMemory(BelayqError):
+    """The server is full (``used_memory`` above ``maxmemory`` under a policy that evicts
+    nothing it may) and refused a call that stores more (a publish, a replay) whole: nothing
+    was stored. Calls that free memory or keep claims alive still run (ack, nack, extend,
+    release, defer, claims, sweep, purge, drop, stats)."""
+
+
 class CrossSlot(ConfigError):
     """The queue's keys would land on more than one Redis Cluster hash slot."""
 
@@ -67,10 +74,17 @@ _SCRIPT_ERROR = re.compile(
 )
 
 
+#: A full server's refusal (redis-py's OutOfMemoryError; Redis 6.2 wraps it inside a
+#: script's error: "... -OOM command not allowed when used memory > 'maxmemory'.").
+_OOM = "OOM command not allowed"
+
+
 def script_error(exc: BaseException) -> BelayqError | None:
     """The belayq error a script's error reply stands for, or None for any other error."""
     if not isinstance(exc, redis.ResponseError):
         return None
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or _OOM in str(exc):
+        return OutOfMemory(f"the Redis server is full and refused the call: {exc}")
     found = _SCRIPT_ERROR.search(str(exc))
     if found is not None:
         kind = NotPermitted if found.group(1) == "not permitted" else ConfigError
@@ -100,6 +114,31 @@ def drop_connections(client: Any) -> None:
         pool.disconnect(inuse_connections=False)
 
 
+def _memory_figures(client: Any) -> str:
+    """``used_memory``, ``maxmemory`` and ``maxmemory-policy`` as INFO memory gives them now
+    (each node's on a cluster), or why they cannot be read."""
+    try:
+        info = client.info("memory")
+    except (redis.RedisError, AttributeError, TypeError) as exc:
+        return f"maxmemory and its policy could not be read: {exc}"
+    nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) else [info]
+    return "; ".join(
+        f"used_memory {n.get('used_memory', '?')} bytes, maxmemory {n.get('maxmemory', '?')} "
+        f"bytes, maxmemory-policy {n.get('maxmemory_policy', '?')}"
+        for n in nodes
+    )
+
+
+def out_of_memory(client: Any, call: str, exc: BaseException) -> OutOfMemory:
+    """The :class:`OutOfMemory` of ``call`` refused by a full server, with its figures."""
+    return OutOfMemory(
+        f"the Redis server is full ({_memory_figures(client)}) and refused {call} whole: "
+        "nothing was stored. Acks, nacks, extends, releases, claims, sweeps, purges and drops "
+        "still run and free memory; raise maxmemory, or drain or purge queues, then retry "
+        f"(server reply: {exc})"
+    )
+
+
 def redis_errors(fn: F) -> F:
     """Translate redis-py's errors at the core's boundary: the error replies of belayq's
     scripts (:func:`script_error`) into their belayq errors; connection errors, and a
@@ -114,6 +153,9 @@ def redis_errors(fn: F) -> F:
             raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
         except redis.ResponseError as exc:
             mapped = script_error(exc)
+            if isinstance(mapped, OutOfMemory):
+                client = getattr(args[0], "client", None) if args else None
+                raise out_of_memory(client, fn.__name__, exc) from exc
             if mapped is not None:
                 raise mapped from exc
             if not left_primary(exc):

@@ -205,9 +205,17 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         non-blocking claim that follows waits for the slot's new owner (see
         ``cluster_retry_ms``), refreshes the slot map, and the next BLMOVE goes there. The
         BLMOVE moved nothing, or its entry waits in the landing zone for the sweep.
+
+        A full server (maxmemory) refuses BLMOVE at once: that counts as an empty wait of
+        up to one sweep period (the scripted claim that follows, which a full server runs,
+        takes what waits), never a busy loop.
         """
         try:
             return self.client.execute_command(*self.blmove_command(wait))
+        except redis.exceptions.OutOfMemoryError as exc:
+            log.info("blocking claim on %s refused by a full server: %s", self.name, exc)
+            time.sleep(min(wait, self.config.sweep_interval_ms / 1000))
+            return None
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
             if not self._scripts.cluster or (
                 isinstance(exc, redis.ResponseError) and not _failover_reply(exc)

@@ -12,7 +12,17 @@ The commands a script may call are read from its text (every ``redis.call('NAME'
 ACL check each script makes before its first write (lua/includes/check.lua) cannot drift
 from what it runs. A command called only inside a function marked ``-- @when history`` is
 checked only when the history is on; ``redis.call(EVENTS`` is the events' PUBLISH or
-SPUBLISH, checked on the queue's channel only when events are on."""
+SPUBLISH, checked on the queue's channel only when events are on.
+
+A ``-- FLAGS:`` line of the contract block declares how a script meets a full server
+(``maxmemory``): ``allow-oom`` (it frees memory or keeps a claim alive: it runs),
+``no-writes`` (read-only: it runs, on a replica too), or none (it stores more: refused
+whole). Library functions are registered with those flags. A script run with EVALSHA has
+none, and Redis refuses a deny-oom command under maxmemory only while the script has
+written nothing (``scriptVerifyOOM`` in Redis 7, ``luaRedisGenericCommand`` in 6.2): so an
+``allow-oom`` script's first command is a write that changes nothing and is not deny-oom
+(``ZREM`` of a member no id can be), and a script without flags starts with one that is
+deny-oom (``ZADD XX`` of that member), which a full server refuses before anything."""
 
 from __future__ import annotations
 
@@ -29,6 +39,10 @@ _LITERAL = re.compile(r"^'([A-Z]+)'$|'([A-Z]+)'")
 _FUNCTION = re.compile(r"^local function (\w+)\(")
 _NAME = re.compile(r"\b(\w+)\s*\(")
 _WHEN = re.compile(r"^-- @when (history)$")
+_FLAGS = re.compile(r"^-- FLAGS: ([\w-]+(?: [\w-]+)*)", re.MULTILINE)
+FLAGS = ("allow-oom", "no-writes")
+#: A zset member no message id can be (ids hold no NUL byte).
+_PROBE_MEMBER = "'\\0belayq:probe'"
 _KEY = re.compile(r"KEYS\[(\d+)(\.\.)?\]\s+(\w+)")
 _SAME_KEYS = re.compile(r"^-- KEYS: as (\w+)\.lua", re.MULTILINE)
 SCRIPT_NAMES = (
@@ -116,16 +130,51 @@ def _calls(text: str, where: str) -> tuple[set[str], bool]:
 
 
 @cache
-def commands(name: str) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+def flags(name: str) -> tuple[str, ...]:
+    """The flags script ``name`` declares in its contract block (``-- FLAGS: ...``; ``none``
+    says it has none).
+
+    Raises:
+        ValueError: An unknown flag.
+    """
+    found = _FLAGS.search(_text(_lua_dir() / f"{name}.lua"))
+    declared = tuple(found.group(1).split()) if found else ()
+    if declared == ("none",):
+        declared = ()
+    unknown = set(declared) - set(FLAGS)
+    if unknown:
+        raise ValueError(f"{name}.lua: unknown FLAGS {sorted(unknown)}; known: {FLAGS}")
+    return declared
+
+
+def _probe(name: str) -> str:
+    """The first command of script ``name`` run as a script (see the module's doc)."""
+    declared = flags(name)
+    if "no-writes" in declared:
+        return ""
+    roles = key_roles(name)
+    zset = next((r for r in ("leases", "delayed", "dead") if r in roles), None)
+    if zset is None:
+        raise ValueError(f"{name}.lua writes but has no zset key (leases, delayed, dead)")
+    key = f"KEYS[{roles.index(zset) + 1}]"
+    if "allow-oom" in declared:
+        return f"redis.call('ZREM', {key}, {_PROBE_MEMBER})"
+    return f"redis.call('ZADD', {key}, 'XX', 0, {_PROBE_MEMBER})"
+
+
+@cache
+def commands(name: str, *, function: bool = False) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
     """The commands script ``name`` may call, read from its text: ``(always, history,
     events)``: those of every call, those only of a call with the history on, and whether
-    it publishes events. Only the functions its own statements reach count.
+    it publishes events. Only the functions its own statements reach count, and the first
+    command of its script form unless ``function``.
 
     Raises:
         ValueError: A ``redis.call`` whose command cannot be read from the text.
     """
     functions = _functions(name)
-    always, events = _calls(_own_text(name), f"{name}.lua")
+    own = _own_text(name) + ("" if function else "\n" + _probe(name))
+    always, events = _calls(own, f"{name}.lua")
     history: set[str] = set()
     seen: set[str] = set()
     todo = [f for f in _NAME.findall(_own_text(name)) if f in functions]
@@ -146,15 +195,15 @@ def _lua_list(names: tuple[str, ...]) -> str:
     return "{" + ", ".join(f"'{n}'" for n in names) + "}"
 
 
-def _preamble(name: str) -> str:
-    """What runs before script ``name``'s own statements, as a script and as a function:
-    the common arguments read and checked, the key vector checked against the roles of its
-    contract block, and the caller's ACL checked for every command this call may run
-    (lua/includes/check.lua)."""
+def _preamble(name: str, *, function: bool = False) -> str:
+    """What runs before script ``name``'s own statements: the common arguments read and
+    checked, the key vector checked against the roles of its contract block, the caller's
+    ACL checked for every command this call may run (lua/includes/check.lua), and, as a
+    script, its first command (:func:`_probe`)."""
     roles = key_roles(name)
     fixed = sum(1 for r in roles if r != "levels")
     levels = "true" if "levels" in roles else "false"
-    always, history, events = commands(name)
+    always, history, events = commands(name, function=function)
     if events and "stats" not in roles:
         raise ValueError(f"{name}.lua publishes events but has no stats key to name the channel")
     channel = f"events_channel(KEYS[{roles.index('stats') + 1}])" if events else "nil"
@@ -162,6 +211,7 @@ def _preamble(name: str) -> str:
         f"read_context()\ncheck_keys({fixed}, {levels})\n"
         f"check_acl('{name}', {_lua_list(always)}, HISTORY_MAX > 0 and {_lua_list(history)}, "
         f"{'EVENTS' if events else 'false'}, {channel})"
+        + ("" if function else "\n" + _probe(name))
     )
 
 
@@ -197,8 +247,10 @@ def library() -> tuple[str, str]:
     body = "\n".join(parts)
     lib = "belayq_" + hashlib.sha1(body.encode("utf-8")).hexdigest()[:12]
     registrations = "\n".join(
-        f"redis.register_function('{lib}_{name}', function(keys, args)\n"
-        f"  KEYS, ARGV = keys, args\n{_preamble(name)}\n  return script_{name}()\nend)"
+        f"redis.register_function{{function_name = '{lib}_{name}', "
+        f"flags = {_lua_list(flags(name))}, callback = function(keys, args)\n"
+        f"  KEYS, ARGV = keys, args\n{_preamble(name, function=True)}\n"
+        f"  return script_{name}()\nend}}"
         for name in SCRIPT_NAMES
     )
     return lib, f"#!lua name={lib}\n{body}\n{registrations}\n"

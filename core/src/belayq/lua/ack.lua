@@ -14,6 +14,7 @@
 -- (counted in stats.stale_acks; nothing changes). An inline message that waits again with
 -- nothing to remember (released) cannot be told from a gone one: 1.
 -- Acked messages go into the done history and out as completed events when those are on.
+-- FLAGS: allow-oom (a full server still runs it: it frees memory)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

@@ -24,6 +24,8 @@
 -- ARGV[12] starts       '1': each claim counts as a started attempt now
 -- Returns {next_due_ms, id1, payload1, token1, deliveries1, attempts1, id2, ...};
 -- next_due_ms is the wait until the next delayed message is due, or -1 when none is.
+-- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain:
+-- each claim leads to an ack that frees its message)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

@@ -13,6 +13,7 @@
 --           (counted once per claim as an attempt)
 -- Returns one integer per triple: 1 extended, 0 refused (the claim was swept or settled;
 -- the caller must stop working on it).
+-- FLAGS: allow-oom (a full server still runs it: leases must not lapse)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

@@ -15,6 +15,7 @@
 -- ARGV[10] reason    kept as the last error
 -- ARGV[11] bury      '1' = dead-letter now whatever the count
 -- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token).
+-- FLAGS: allow-oom (a full server still runs it: the claim must settle)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

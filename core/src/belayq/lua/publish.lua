@@ -21,6 +21,7 @@
 -- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
 -- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
+-- FLAGS: none: a full server (maxmemory) refuses it whole, before anything is stored
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

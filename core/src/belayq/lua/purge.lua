@@ -12,6 +12,7 @@
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages deleted by this call
 -- Returns {purged, more}: more is 1 when waiting messages are left (call again).
+-- FLAGS: allow-oom (a full server still runs it: it frees memory)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

@@ -10,6 +10,7 @@
 -- ARGV[7..]          pairs of (id, token)
 -- Returns the number released; pairs held by another claim are refused and counted in
 -- stats.stale_acks.
+-- FLAGS: allow-oom (a full server still runs it: the claims go back)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

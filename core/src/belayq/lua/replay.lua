@@ -9,6 +9,7 @@
 -- ARGV[7] limit      how many to replay when no ids are given (oldest first)
 -- ARGV[8..] ids      the dead letters to replay; none = the oldest `limit`
 -- Returns the number replayed (ids not in the dead-letter set are skipped).
+-- FLAGS: none: a full server (maxmemory) refuses it whole, before anything moves
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

@@ -16,6 +16,7 @@
 -- ARGV[7] limit    bound on each step
 -- ARGV[8] grace_ms length of a provisional lease (ms)
 -- Returns {1, reclaimed, dead_lettered, adopted, promoted, orphans_found}.
+-- FLAGS: allow-oom (a full server still runs it: recovery never stops)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
