@@ -17,7 +17,8 @@ class Delivery:
 
     Attributes:
         id: The message id. In inline mode: the list entry itself when it is short
-            printable ASCII (an RQ job id), else the SHA1 of the entry.
+            printable ASCII (an RQ job id), else the SHA1 of the entry; a copy of an entry
+            whose id another copy holds (held, delayed or dead) gets ``"<id> #<n>"``.
         payload: The message bytes.
         token: The fencing token of this claim; settle calls must present it.
         deliveries: How many times the message has been claimed, 1 on the first claim.

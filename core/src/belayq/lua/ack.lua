@@ -18,6 +18,7 @@
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
+-- @include copies
 -- @include counters
 -- @include history
 -- @include holds
@@ -64,6 +65,7 @@ for i = 8, #ARGV, step do
     redis.call('ZREM', leases, id)
     redis.call('HDEL', meta, id)
     redis.call('HDEL', payloads, id)
+    if INLINE and string.find(id, ' #', 1, true) then copy_gone(k, id) end
   end
 end
 count(stats, 'acked', acked)

@@ -12,7 +12,8 @@
 -- ARGV[1..6]         see includes/context.lua; ARGV[5] is the first message's id
 -- ARGV[7]  dedup_window_ms
 -- ARGV[8..] one group of five per message:
---   id        chosen by the client (inline mode: derived from the payload)
+--   id        chosen by the client (inline mode: derived from the payload; a delayed copy of
+--             a payload whose id is in use goes by '<id> #<n>', includes/copies.lua)
 --   payload   bytes
 --   level     1-based priority level
 --   delay_ms  0 = ready now; > 0 = due after that many ms (server clock)
@@ -25,6 +26,7 @@
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
+-- @include copies
 -- @include counters
 -- @include ids
 -- @include meta
@@ -62,7 +64,7 @@ local published, deduplicated = 0, 0
 for g = 8, #ARGV, 5 do
   local id, payload = ARGV[g], ARGV[g + 1]
   local lvl, delay_ms, dedup_id = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]), ARGV[g + 4]
-  if INLINE then id = id_of(payload) end
+  if INLINE then id = id_of(payload) end  -- a delayed copy is named below
   local first = dedup_id ~= '' and memo_get(k.memo, k.memo_exp, 'd:' .. dedup_id, now)
   if first then
     out[#out + 1] = first
@@ -70,6 +72,7 @@ for g = 8, #ARGV, 5 do
     out[#out + 1] = state_of(first)
     deduplicated = deduplicated + 1
   else
+    if INLINE and delay_ms > 0 then id = copy_free(k, id) end
     if dedup_id ~= '' then
       memo_put(k.memo, k.memo_exp, 'd:' .. dedup_id, id, dedup_window_ms, now)
     end

@@ -16,6 +16,7 @@
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
+-- @include copies
 -- @include counters
 -- @include ids
 -- @include ready
@@ -32,6 +33,17 @@ local function forget(id)
   redis.call('HDEL', payloads, id)
 end
 
+-- A purged ready entry's record: inline, the waiting copy it stands for (none: fresh).
+local function forget_entry(entry)
+  if not INLINE then return forget(entry) end
+  for _, c in ipairs(copies_of({meta = meta, delayed = delayed}, id_of(entry))) do
+    if c.state == 'waiting' then
+      redis.call('HDEL', meta, c.id)
+      return copy_gone({meta = meta}, c.id)
+    end
+  end
+end
+
 for i = 7, #KEYS do
   local list = KEYS[i]
   while purged < limit do
@@ -41,7 +53,7 @@ for i = 7, #KEYS do
     for _, entry in ipairs(batch) do
       if entry ~= BELL then
         purged = purged + 1
-        forget(id_of(entry))
+        forget_entry(entry)
       end
     end
   end

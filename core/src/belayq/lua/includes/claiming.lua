@@ -28,7 +28,7 @@ local function claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, o
     local entry = pop_head(k.levels[lvl])
     if not entry then break end
     if entry ~= BELL then
-      local d = take(k, id_of(entry), entry, lvl, now, lease_ms, nonce .. #out, starts)
+      local d = take(k, entry, lvl, now, lease_ms, nonce .. #out, starts, false)
       if d then
         for _, v in ipairs(d) do out[#out + 1] = v end
         got = got + 1
