@@ -15,6 +15,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import QueueKeys
 from .models import DeadLetter, HistoryRecord
 from .models import text as _text
+from .publishing import published_ms
 from .scripts import ScriptRunner
 
 #: The wake-up entry the scripts push into the first level (lua/includes/ready.lua).
@@ -123,7 +124,8 @@ class QueueAdmin:
             out.append(HistoryRecord(
                 id=str(h["id"]), outcome=outcome, result=str(h.get("result", "")),
                 reason=str(h.get("reason", "")), deliveries=int(h["deliveries"]),
-                attempts=int(h["attempts"]), published_ms=int(h["published_ms"]),
+                attempts=int(h["attempts"]),
+                published_ms=int(h["published_ms"]) or published_ms(str(h["id"])),
                 finished_ms=int(h["finished_ms"]), payload=payload,
             ))  # fmt: skip
         return out

@@ -37,9 +37,13 @@ def check_text(name: str, value: Any) -> str:
     return value
 
 
-def check_deliveries(name: str, deliveries: Any) -> list[Delivery]:
-    """``deliveries`` as a list, if it is a sequence of claims (each a :class:`Delivery`
-    with a non-empty id and token).
+#: Which queue a claim must come from: ``(queue, shard)`` as :class:`Delivery` names them.
+Owner = tuple[str, str]
+
+
+def check_deliveries(name: str, deliveries: Any, owner: Owner | None = None) -> list[Delivery]:
+    """``deliveries`` as a list, if it is a sequence of claims (each as
+    :func:`check_delivery` wants it).
 
     Raises:
         ConfigError: Naming what is wrong.
@@ -47,12 +51,14 @@ def check_deliveries(name: str, deliveries: Any) -> list[Delivery]:
     if not isinstance(deliveries, Sequence) or isinstance(deliveries, (str, bytes)):
         raise ConfigError(f"{name} must be a sequence of Delivery, got {type(deliveries).__name__}")
     for d in deliveries:
-        check_delivery(name, d)
+        check_delivery(name, d, owner)
     return list(deliveries)
 
 
-def check_delivery(name: str, delivery: Any) -> Delivery:
-    """``delivery`` if it is a claim: a :class:`Delivery` with a non-empty id and token.
+def check_delivery(name: str, delivery: Any, owner: Owner | None = None) -> Delivery:
+    """``delivery`` if it is a claim: a :class:`Delivery` with a non-empty id and token,
+    claimed from the queue ``owner`` names (when given): a claim of another queue settled
+    here would find nothing it holds.
 
     Raises:
         ConfigError: Naming what is wrong.
@@ -65,4 +71,15 @@ def check_delivery(name: str, delivery: Any) -> Delivery:
         raise ConfigError(
             f"{name}: a delivery's token must be a non-empty str, got {delivery.token!r}"
         )
+    if owner is not None and (delivery.queue, delivery.shard) != owner:
+        where = _where(delivery.queue, delivery.shard)
+        here = _where(*owner)
+        raise ConfigError(
+            f"{name}: message {delivery.id!r} was claimed from {where}, not {here}: settle it "
+            "with the queue object it was claimed from"
+        )
     return delivery
+
+
+def _where(queue: str, shard: str) -> str:
+    return f"queue {queue!r}" + (f" (shard {shard!r})" if shard else "")

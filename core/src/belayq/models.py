@@ -92,8 +92,9 @@ class HistoryRecord:
         reason: Why it was dead-lettered (``""`` for a done one).
         deliveries: How many times it was claimed.
         attempts: How many of those runs started.
-        published_ms: When it was published (ms, server clock; 0 when unknown: a message a
-            foreign producer pushed straight onto the list).
+        published_ms: When it was published (ms): on the server's clock for a delayed
+            message; read from the id (the producer's clock) for one published ready; 0 when
+            unknown (a message a foreign producer pushed straight onto the list).
         finished_ms: When it was acked or dead-lettered (ms, server clock).
         payload: The first bytes of the payload (up to 1 KiB).
     """

@@ -311,9 +311,9 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         """Extend the leases of many claims to now + ``lease_ms``; one bool per claim.
 
         Raises:
-            ConfigError: A claim that is not a Delivery.
+            ConfigError: A claim that is not a Delivery of this queue.
         """
-        deliveries = check_deliveries("extend", deliveries)
+        deliveries = check_deliveries("extend", deliveries, self._owner)
         if not deliveries:
             return []
         return self._extend(deliveries, count_stale=True)
@@ -341,9 +341,9 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         ``claim_starts`` already counted them.
 
         Raises:
-            ConfigError: A claim that is not a Delivery.
+            ConfigError: A claim that is not a Delivery of this queue.
         """
-        deliveries = check_deliveries("start", deliveries)
+        deliveries = check_deliveries("start", deliveries, self._owner)
         if self.config.claim_starts or not deliveries:
             return
         with self._lock:

@@ -34,6 +34,11 @@ class Settling(HeldClaims):
     config: QueueConfig
     _scripts: ScriptRunner
 
+    @property
+    def _owner(self) -> tuple[str, str]:
+        """``(queue, shard)`` as the deliveries this object claims name them."""
+        return (self.sharded_as or self.name, self.name if self.sharded_as else "")
+
     @staticmethod
     def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
         return [x for d in deliveries for x in (d.id, d.token)]
@@ -60,7 +65,8 @@ class Settling(HeldClaims):
         run settled it) answers True.
 
         Raises:
-            ConfigError: A claim that is not a Delivery, or ``results`` that do not match.
+            ConfigError: A claim that is not a Delivery of this queue, or ``results``
+                that do not match.
         """
         args = self._ack_args(deliveries, results)
         if not deliveries:
@@ -73,7 +79,7 @@ class Settling(HeldClaims):
         self, deliveries: Sequence[Delivery],
         results: Sequence[bytes | str | None] | None = None,
     ) -> list[Arg]:
-        check_deliveries("ack", deliveries)
+        check_deliveries("ack", deliveries, self._owner)
         if results is not None:
             if not isinstance(results, Sequence) or isinstance(results, (str, bytes)):
                 raise ConfigError(f"results must be a sequence, got {type(results).__name__}")
@@ -116,10 +122,10 @@ class Settling(HeldClaims):
             ``"stale"`` (another claim holds it now, or it is gone).
 
         Raises:
-            ConfigError: Not a Delivery, a delay that is not None or an int >= 0, or a
-                reason that is not a str. Nothing is sent: the claim is still held.
+            ConfigError: Not a Delivery of this queue, a delay that is not None or an int
+                >= 0, or a reason that is not a str. Nothing is sent: the claim is still held.
         """
-        check_delivery("nack", delivery)
+        check_delivery("nack", delivery, self._owner)
         check_text("reason", reason)
         if delay_ms is not None:
             check_int("delay_ms", delay_ms)
@@ -136,9 +142,9 @@ class Settling(HeldClaims):
         """Dead-letter a claim now (a malformed or unknown message). False if stale.
 
         Raises:
-            ConfigError: Not a Delivery, or a reason that is not a str.
+            ConfigError: Not a Delivery of this queue, or a reason that is not a str.
         """
-        check_delivery("dead_letter", delivery)
+        check_delivery("dead_letter", delivery, self._owner)
         check_text("reason", reason)
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
@@ -156,9 +162,9 @@ class Settling(HeldClaims):
         """Hand unstarted claims back to the front of the queue (uncounted deliveries).
 
         Raises:
-            ConfigError: A claim that is not a Delivery.
+            ConfigError: A claim that is not a Delivery of this queue.
         """
-        check_deliveries("release", deliveries)
+        check_deliveries("release", deliveries, self._owner)
         if not deliveries:
             return 0
         with self._settling(deliveries):
@@ -188,7 +194,7 @@ class Settling(HeldClaims):
             if not isinstance(pair, tuple) or len(pair) != 2:
                 raise ConfigError(f"defer takes (delivery, delay_ms) pairs, got {pair!r}")
             d, delay_ms = pair
-            check_delivery("defer", d)
+            check_delivery("defer", d, self._owner)
             args += [d.id, d.token, check_int("delay_ms", delay_ms)]
         if not deferrals:
             return 0
