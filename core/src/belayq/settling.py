@@ -4,6 +4,7 @@ fencing token; a claim another one holds now is refused and counted (``stale_ack
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -17,6 +18,13 @@ from .holding import HeldClaims
 from .models import Delivery
 from .models import text as _text
 from .scripts import Arg, ScriptRunner
+
+
+def request_id() -> str:
+    """A fresh request id: a call redis-py re-sends after a dropped connection answers from
+    the reply memo as its first run did (64 random bits: no two calls within the reply
+    window share one)."""
+    return os.urandom(8).hex()
 
 
 def _result_text(result: bytes | str | None) -> str:
@@ -134,7 +142,9 @@ class Settling(HeldClaims):
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, delay_ms,
                                reason[:REASON_MAX_CHARS], "0"]
-            reply = self._scripts.run("nack", *args, durable=self.config.durable)
+            reply = self._scripts.run(
+                "nack", *args, request_id=request_id(), durable=self.config.durable
+            )
         return _text(reply)
 
     @_redis_errors
@@ -148,7 +158,9 @@ class Settling(HeldClaims):
         check_text("reason", reason)
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
-            reply = self._scripts.run("nack", *args, durable=self.config.durable)
+            reply = self._scripts.run(
+                "nack", *args, request_id=request_id(), durable=self.config.durable
+            )
         return _text(reply) == "dead"
 
     def backoff_ms(self, deliveries: int) -> int:
@@ -169,7 +181,10 @@ class Settling(HeldClaims):
             return 0
         with self._settling(deliveries):
             released = int(
-                self._scripts.run("release", *self._pairs(deliveries), durable=self.config.durable)
+                self._scripts.run(
+                    "release", *self._pairs(deliveries), request_id=request_id(),
+                    durable=self.config.durable,
+                )
             )
         return released
 
@@ -199,4 +214,8 @@ class Settling(HeldClaims):
         if not deferrals:
             return 0
         with self._settling([d for d, _ in deferrals]):
-            return int(self._scripts.run("defer", *args, durable=self.config.durable))
+            return int(
+                self._scripts.run(
+                    "defer", *args, request_id=request_id(), durable=self.config.durable
+                )
+            )

@@ -5,27 +5,35 @@
 -- KEYS[2] meta       hash id -> state
 -- KEYS[3] payloads   hash id -> payload
 -- KEYS[4] stats      hash of counters
--- KEYS[5..] levels   ready lists, highest priority first
+-- KEYS[5] memo       hash: this call's reply, for a re-sent call
+-- KEYS[6] memo_exp   zset memo field -> expiry
+-- KEYS[7..] levels   ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7..]          pairs of (id, token)
 -- Returns the number released; pairs held by another claim are refused and counted in
--- stats.stale_acks.
+-- stats.stale_acks. A call re-sent with the same request id answers as its first run did.
 -- FLAGS: allow-oom (a full server still runs it: the claims go back)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include holds
+-- @include memo
 -- @include ready
 -- @include settle
 
-local k = {leases = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4], levels = {}}
-for i = 5, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+local k = {leases = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4],
+  memo = KEYS[5], memo_exp = KEYS[6], levels = {}}
+for i = 7, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 arg_groups(7, 2, 'claims', 1)
 for i = 7, #ARGV, 2 do
   text_arg(i, 'id')
   text_arg(i + 1, 'token')
 end
+
+local now = REQUEST_ID ~= '' and now_ms() or 0
+local earlier = earlier_reply(k.memo, k.memo_exp, now)
+if earlier then return tonumber(earlier[1]) end
 
 -- Every claim's state is read before anything is written, last first as they are handed
 -- back. A message named again after its release counts as stale if it keeps a state.
@@ -54,4 +62,5 @@ local released = #back
 fix_door(k.levels)
 count(k.stats, 'released', released)
 count(k.stats, 'stale_acks', stale)
+if released > 0 then remember(k.memo, k.memo_exp, {released}, now) end
 return released
