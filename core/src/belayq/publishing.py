@@ -69,6 +69,8 @@ class Publishing:
             raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
             raise ConfigError(f"dedup_id must be a non-empty str or None, got {dedup_id!r}")
+        if dedup_id is not None and self.config.transient:
+            raise ConfigError("a transient queue keeps no dedup memo: dedup_id is refused")
         return [message_id(), payload, self.level_of(priority), delay_ms, dedup_id or ""]
 
     def _publish_groups(self, groups: list[list[Arg]]) -> list[Published]:

@@ -5,7 +5,8 @@
 --                          mode, id = the entry or its digest); '0': entries are ids. Flags
 --                          after it: 'L' the head of the ready lists (claimed next) is their
 --                          LEFT end, as RQ's (producers RPUSH), else their RIGHT end, as
---                          kombu's (producers LPUSH); 'N' never ring the bell; 'E' publish
+--                          kombu's (producers LPUSH); 'N' never ring the bell; 'T' keep no
+--                          counters (a transient queue: no stats hash); 'E' publish
 --                          events ('S': with SPUBLISH, the sharded form); 'H<n>,<ms>' keep
 --                          the last n finished messages of each kind for ms (history)
 -- ARGV[3] max_deliveries   runs (started attempts) after which a failure is dead-lettered
@@ -20,20 +21,21 @@
 -- @include check
 
 local SKEW_MS, INLINE, HEAD_LEFT, BELL_ON, MAX_DELIVERIES, DEAD_MAX, REQUEST_ID, REPLY_WINDOW_MS
-local EVENTS, HISTORY_MAX, HISTORY_TTL_MS
+local EVENTS, HISTORY_MAX, HISTORY_TTL_MS, TRANSIENT
 
 local function read_context()
   SKEW_MS = int_arg(1, 'skew_ms', -INT_MAX)
   local mode = any_arg(2, 'mode')
   local n, ttl = string.match(mode, 'H(%d+),(%d+)')
   local flags = string.gsub(string.sub(mode, 2), 'H%d+,%d+', '', 1)
-  if not string.find(mode, '^[01]') or not string.find(flags, '^L?N?E?S?$') or
+  if not string.find(mode, '^[01]') or not string.find(flags, '^L?N?T?E?S?$') or
       (n and (#n > 9 or #ttl > 15 or tonumber(n) < 1 or tonumber(ttl) < 1)) then
     bad('mode (ARGV[2]) is not a queue layout: "' .. shown(mode) .. '"')
   end
   INLINE = string.sub(mode, 1, 1) == '1'
   HEAD_LEFT = string.find(flags, 'L', 1, true) ~= nil
   BELL_ON = string.find(flags, 'N', 1, true) == nil
+  TRANSIENT = string.find(flags, 'T', 1, true) ~= nil
   EVENTS = string.find(flags, 'E', 1, true) and
     (string.find(flags, 'S', 1, true) and 'SPUBLISH' or 'PUBLISH') or false
   HISTORY_MAX, HISTORY_TTL_MS = tonumber(n or 0), tonumber(ttl or 0)
