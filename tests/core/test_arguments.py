@@ -152,7 +152,10 @@ BAD_SCRIPT_ARGS: list[tuple[str, list[Any], str]] = [
     ("sweep", [10, 1000, 1], "arguments"),
     ("replay", [0], "limit"),
     ("replay", [10, ""], "id"),
-    ("purge", ["-1"], "limit"),
+    ("purge", ["-1", "1"], "limit"),
+    ("purge", [10, "2"], "delayed"),
+    ("promote", [0], "limit"),
+    ("promote", [10, 1], "arguments"),
     ("drop", ["extra"], "arguments"),
     ("stats", ["extra"], "arguments"),
 ]

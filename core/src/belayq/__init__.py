@@ -1,5 +1,6 @@
 """belayq: a reliable Redis queue core (BLMOVE claims, fenced leases, Lua settlement, sweep)."""
 
+from .admin import Purged
 from .config import QueueConfig
 from .errors import (
     BelayqError,
@@ -35,6 +36,7 @@ __all__ = [
     "NotPermitted",
     "OutOfMemory",
     "Published",
+    "Purged",
     "QueueConfig",
     "QueueKeys",
     "RedisTooOld",

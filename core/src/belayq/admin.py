@@ -47,6 +47,30 @@ def parse_meta(packed: bytes | None) -> dict[str, Any] | None:
     }
 
 
+class Purged(int):
+    """What a purge deleted: an int (the total, as purge returned before), with the ready
+    and the delayed messages apart.
+
+    Attributes:
+        ready: Ready messages deleted.
+        delayed: Delayed messages deleted.
+    """
+
+    ready: int
+    delayed: int
+
+    def __new__(cls, ready: int, delayed: int) -> Purged:
+        total = super().__new__(cls, ready + delayed)
+        total.ready, total.delayed = ready, delayed
+        return total
+
+    def __repr__(self) -> str:
+        return f"Purged(ready={self.ready}, delayed={self.delayed})"
+
+    def __str__(self) -> str:
+        return str(int(self))
+
+
 class QueueAdmin:
     """Read-mostly operations of :class:`~belayq.ReliableQueue` (mixed into it)."""
 
@@ -153,24 +177,55 @@ class QueueAdmin:
         return int(self._scripts.run("replay", limit, *ids))
 
     @_redis_errors
-    def purge(self, on_batch: Callable[[int], Any] | None = None) -> int:
-        """Delete every waiting (ready or delayed) message, in batches of 1,000 so no script
-        holds Redis for long; returns how many (``on_batch``: called with the count so far
-        after each batch).
+    def purge(
+        self, on_batch: Callable[[int], Any] | None = None, *, delayed: bool = True
+    ) -> Purged:
+        """Delete the waiting messages, in batches of 1,000 so no script holds Redis for
+        long: the ready ones, and the delayed ones too unless ``delayed=False`` (a consumer
+        fleet that holds delayed messages in memory, as stock Celery workers hold ETA
+        tasks, never has those deleted by a purge either). Claimed messages and dead
+        letters stay.
+
+        Args:
+            on_batch: Called with the count so far after each batch.
+            delayed: Delete the delayed messages as well.
+
+        Returns:
+            :class:`Purged`: the total (an int), with ``ready`` and ``delayed`` apart.
 
         Raises:
-            ConfigError: An ``on_batch`` that is not callable.
+            ConfigError: An ``on_batch`` that is not callable, or ``delayed`` not a bool.
         """
         if on_batch is not None and not callable(on_batch):
             raise ConfigError(f"on_batch must be callable or None, got {on_batch!r}")
+        if not isinstance(delayed, bool):
+            raise ConfigError(f"delayed must be True or False, got {delayed!r}")
+        ready_total = delayed_total = 0
+        while True:
+            reply = self._scripts.run("purge", PURGE_BATCH, "1" if delayed else "0")
+            ready, later, more = (int(x) for x in reply)
+            ready_total, delayed_total = ready_total + ready, delayed_total + later
+            if not more or not ready + later:
+                return Purged(ready_total, delayed_total)
+            if on_batch is not None:
+                on_batch(ready_total + delayed_total)
+
+    @_redis_errors
+    def promote_delayed(self, *, batch: int = PURGE_BATCH) -> int:
+        """Make every delayed message ready now, whenever it was due (the earliest due
+        first, each at the back of its ready list), ``batch`` per script call: before a
+        rollback to a transport that keeps no delayed set. Returns how many.
+
+        Raises:
+            ConfigError: A ``batch`` that is not an int >= 1.
+        """
+        check_int("batch", batch, minimum=1)
         total = 0
         while True:
-            purged, more = (int(x) for x in self._scripts.run("purge", PURGE_BATCH))
-            total += purged
-            if not more or not purged:
+            promoted, more = (int(x) for x in self._scripts.run("promote", batch))
+            total += promoted
+            if not more or not promoted:
                 return total
-            if on_batch is not None:
-                on_batch(total)
 
     @_redis_errors
     def drop(self) -> bool:

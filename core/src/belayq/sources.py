@@ -57,6 +57,7 @@ SCRIPT_NAMES = (
     "sweep",
     "replay",
     "purge",
+    "promote",
     "drop",
     "stats",
 )

@@ -63,9 +63,8 @@ for i = 8, #ARGV, step do
     note_history(k.history_done, id, s.m, 'result', s.result, s.payload, now)
     emit(k, 'completed', id, s.m, nil, now)
     redis.call('ZREM', leases, id)
-    redis.call('HDEL', meta, id)
+    forget_record(k, id)
     redis.call('HDEL', payloads, id)
-    if INLINE and string.find(id, ' #', 1, true) then copy_gone(k, id) end
   end
 end
 count(stats, 'acked', acked)

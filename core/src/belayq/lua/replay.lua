@@ -52,7 +52,7 @@ for j, id in ipairs(ids) do
   if found[j] and to_ready(k, id, m, false) then
     replayed = replayed + 1
   else
-    redis.call('HDEL', k.meta, id)
+    forget_record(k, id)
   end
 end
 fix_door(k.levels)

@@ -70,8 +70,8 @@ local function copy_free(k, plain)
   return copy_next(k, plain, copies)
 end
 
--- After the record of copy `id` went (an ack, a purge): forget the highest copy given once
--- no copy n >= 2 has a record left.
+-- After the record of copy `id` went: forget the highest copy given once no copy n >= 2 has
+-- a record left.
 local function copy_gone(k, id)
   local plain = string.match(id, '^(.*) #%d+$') or id
   local top = tonumber(redis.call('HGET', k.meta, plain .. ' #') or '1')
@@ -79,4 +79,10 @@ local function copy_gone(k, id)
     if redis.call('HEXISTS', k.meta, copy_id(plain, n)) == 1 then return end
   end
   redis.call('HDEL', k.meta, plain .. ' #')
+end
+
+-- Delete the record of message `id` (inline: a copy's, see copy_gone).
+local function forget_record(k, id)
+  redis.call('HDEL', k.meta, id)
+  if INLINE and string.find(id, ' #', 1, true) then copy_gone(k, id) end
 end

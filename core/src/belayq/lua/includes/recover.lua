@@ -31,7 +31,7 @@ local function sweep_expired(k, now, limit)
       local landed = entry and redis.call('LREM', k.processing, -1, entry) > 0
       m.x = m.x + 1
       if INLINE and entry and not landed then
-        redis.call('HDEL', k.meta, id)
+        forget_record(k, id)
         redis.call('HDEL', k.payloads, id)
       elseif m.x >= MAX_DELIVERIES then
         dead_letter(k, id, m, 'its consumers vanished between receiving it and leasing it ' ..
