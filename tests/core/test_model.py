@@ -176,6 +176,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.t0 = self.step = self.payload_n = self.reshards = 0
         self.nonces = random.Random(0)  # reseeded by setup (from hypothesis' data)
         self.nonce = ""
+        self.settle_rid = ""  # the request id of the last nack, release or defer
         self.options: dict[str, Any] = {}
         self.ctor: dict[str, Any] = {}
         self.door_ok, self.last_plain, self.blmoved = True, None, False
@@ -240,6 +241,8 @@ class QueueMachine(RuleBasedStateMachine):
             reply = run(name, *args, request_id=request_id, durable=durable)
             if name in ("publish", "claim", "lease"):
                 self.calls.append(Sent(c, name, args, request_id, reply))
+            if name in ("nack", "release", "defer"):
+                self.settle_rid = request_id
             if name in ("claim", "lease"):  # the tokens handed out under this request id
                 tokens = reply[(1 if name == "claim" else 2) + 2 :: 5]
                 self.rid_tokens.setdefault(request_id, set()).update(map(_s, tokens))
@@ -505,10 +508,10 @@ class QueueMachine(RuleBasedStateMachine):
             expected = {
                 "ack": lambda: m.ack(pairs)[0],
                 "ack_many": lambda: m.ack(pairs),
-                "nack": lambda: m.nack(*pairs[0], s.delay, s.reason, False),
-                "bury": lambda: m.nack(*pairs[0], 0, s.reason, True) == "dead",
-                "release": lambda: m.release(pairs),
-                "defer": lambda: m.defer([(i, t, s.delay) for i, t in pairs]),
+                "nack": lambda: m.nack(*pairs[0], s.delay, s.reason, False, self.settle_rid),
+                "bury": lambda: m.nack(*pairs[0], 0, s.reason, True, self.settle_rid) == "dead",
+                "release": lambda: m.release(pairs, self.settle_rid),
+                "defer": lambda: m.defer([(i, t, s.delay) for i, t in pairs], self.settle_rid),
             }[s.op]()
         elif s.op == "start_later" or (s.op == "start_now" and self.claim_starts):
             got = q.start(ds, now=s.op == "start_now")  # no call: at most marks the starts
@@ -624,7 +627,16 @@ class QueueMachine(RuleBasedStateMachine):
             for token in ("0", "", "forged")
         ] + [Delivery("no-such-id", b"", "forged", 1, self.name)]
         d = data.draw(st.sampled_from(stale + forged))
-        self.settle(Settle(op, data.draw(st.integers(0, 1)), (d,), reason="late"))
+        consumer = data.draw(st.integers(0, 1))
+        if not d.token:  # a bad argument: refused before any call, nothing changes
+            q = self.qs[consumer]
+            with pytest.raises(ConfigError):
+                {"ack": lambda: q.ack(d), "nack": lambda: q.nack(d, reason="late"),
+                 "bury": lambda: q.dead_letter(d, "late"), "extend": lambda: q.extend([d]),
+                 "release": lambda: q.release([d]), "defer": lambda: q.defer([(d, 0)]),
+                 "start_now": lambda: q.start([d], now=True)}[op]()
+            return
+        self.settle(Settle(op, consumer, (d,), reason="late"))
 
     def unchanging(self) -> dict[str, Any]:
         """What a refused settle leaves alone: all but the counters (and the bell, which a

@@ -14,6 +14,7 @@ import uuid
 from typing import Any
 
 import pytest
+import redis
 
 from belayq import ConfigError, ReliableQueue
 from belayq.admin import parse_meta
@@ -397,13 +398,16 @@ class TestClaim:
         m = meta(q, msg_id)
         assert m is not None and (m["attempts"], m["started"]) == (0, False)
 
-    def test_inline_duplicate_copy_in_flight_is_dropped(self, inline: ReliableQueue) -> None:
+    def test_inline_identical_entries_are_each_their_own_message(
+        self, inline: ReliableQueue
+    ) -> None:
         inline.client.lpush(inline.keys.ready, b"job", b"job")
         got = inline.claim(timeout=0, count=2)
-        assert [d.payload for d in got] == [b"job"]
-        assert inline.stats()["duplicates_dropped"] == 1
-        assert inline.client.llen(inline.keys.processing) == 0
-        assert inline.client.hget(inline.keys.payloads, "job") == b"job"
+        assert [(d.id, d.payload) for d in got] == [("job", b"job"), ("job #2", b"job")]
+        assert "duplicates_dropped" not in inline.stats()
+        assert inline.client.hget(inline.keys.payloads, "job #2") == b"job"
+        assert inline.ack_many(got) == [True, True]
+        assert not inline.client.exists(inline.keys.meta, inline.keys.payloads, inline.keys.leases)
 
 
 # -- lease ---------------------------------------------------------------------------------
@@ -453,16 +457,35 @@ class TestLease:
         advance(q, 900)
         assert q.sweep().adopted == 0 and q.ack(d)
 
-    def test_duplicate_copy_is_dropped(self, inline: ReliableQueue) -> None:
+    def test_a_landed_copy_of_a_held_entry_is_its_own_message(
+        self, inline: ReliableQueue
+    ) -> None:
         inline.client.lpush(inline.keys.ready, b"job", b"job")
         [d] = inline.claim(timeout=0)
         entry = blmove(inline)
-        reply = inline._scripts.run("lease", *inline._claim_args(1), entry)
-        assert reply == [-1, 1]  # lost: a copy is already in flight
-        assert inline.stats()["duplicates_dropped"] == 1
+        [copy], _ = inline.lease_claimed(entry)
+        assert (copy.id, copy.payload, d.id) == ("job #2", b"job", "job")
         assert inline.client.llen(inline.keys.processing) == 0
         m = meta(inline, "job")
-        assert m is not None and m["token"] == d.token and inline.ack(d)
+        assert m is not None and m["token"] == d.token
+        assert inline.ack(d) and inline.ack(copy)
+
+    def test_a_provisional_copy_is_taken_over_by_its_claimer(
+        self, inline: ReliableQueue
+    ) -> None:
+        inline.client.lpush(inline.keys.ready, b"job", b"job")
+        [d] = inline.claim(timeout=0)
+        entry = blmove(inline)
+        assert inline.sweep().orphans_found == 1
+        assert meta(inline, "job #2")["token"] == "0"  # type: ignore[index]
+        assert inline.sweep().orphans_found == 0  # one landed entry, one provisional lease
+        [copy], _ = inline.lease_claimed(entry)
+        assert copy.id == "job #2" and copy.deliveries == 1
+        advance(inline, 2_000)
+        inline.sweep()
+        assert inline.stats()["ready"] == 2  # both leases expired: both copies wait again
+        got = inline.claim(timeout=0, count=3)
+        assert sorted(x.id for x in got) == ["job", "job #2"]
 
     def test_claims_more_in_the_same_step(self, q: ReliableQueue) -> None:
         q.publish_many([b"1", b"2", b"3"])
@@ -542,7 +565,8 @@ class TestAck:
         blmove(q)
         q.sweep()
         assert q._scripts.run("ack", "0", msg_id, "0") == [0]
-        assert q._scripts.run("ack", "0", msg_id, "") == [0]
+        with pytest.raises(redis.ResponseError, match="BELAYQ bad argument: token"):
+            q._scripts.run("ack", "0", msg_id, "")
         assert lease_of(q, msg_id) is not None
 
     def test_batch_mixed(self, q: ReliableQueue) -> None:
@@ -1083,9 +1107,15 @@ class TestPurge:
     def test_in_batches(self, q: ReliableQueue) -> None:
         q.publish_many([b"1", b"2", b"3"])
         q.publish(b"later", delay_ms=10_000)
-        assert q._scripts.run("purge", 2) == [2, 1]
-        assert q._scripts.run("purge", 2) == [2, 0]
-        assert q._scripts.run("purge", 2) == [0, 0]
+        assert q._scripts.run("purge", 2, "1") == [2, 0, 1]
+        assert q._scripts.run("purge", 2, "1") == [1, 1, 0]
+        assert q._scripts.run("purge", 2, "1") == [0, 0, 0]
+
+    def test_ready_only_leaves_the_delayed_set(self, q: ReliableQueue) -> None:
+        q.publish_many([b"1", b"2"])
+        q.publish(b"later", delay_ms=10_000)
+        assert q._scripts.run("purge", 5, "0") == [2, 0, 0]
+        assert q.client.zcard(q.keys.delayed) == 1
 
     def test_purge_loops_over_batches(self, q: ReliableQueue) -> None:
         q.publish_many([b"m"] * 2_100, batch=700)

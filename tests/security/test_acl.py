@@ -1,6 +1,8 @@
-"""The ACL users of docs/acl.md, created on a redis-server of our own: the core, a real
+"""The ACL users of docs/acl.md, created on a redis-server of our own: the core (with every
+optional feature on: history, events, functions and scripts, wait_replicas), a real
 ``celery worker`` and a real ``rq worker`` run as them (publish, claim, ack, recovery by
-the sweep) with no refusal in ``ACL LOG``; and the users really are restricted."""
+the sweep) with no refusal in ``ACL LOG``; the users really are restricted; and a command
+the ACL refuses inside a transition changes nothing (Redis 7.0+)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import rq
 from rq.job import JobStatus
 
 import belayq_rq
-from belayq import ConnectionLost, ReliableQueue
+from belayq import ConnectionLost, NotPermitted, ReliableQueue
 from belayq.claim_any import claim_any
 from belayq.embedded import RedisServer
 from belayq.keeper import KEEPER
@@ -39,13 +41,15 @@ def documented_users() -> dict[str, list[str]]:
 
 
 FUNCTION_RULES = ("+fcall", "+function|load")
+SHARDED_RULES = ("+spublish", "+ssubscribe", "+sunsubscribe")
 
 
 def for_server(admin: redis.Redis, rules: list[str]) -> list[str]:
-    """The rules as docs/acl.md says to use them on this server (6.2: no function rules)."""
+    """The rules as docs/acl.md says to use them on this server (6.2: no function rules,
+    no sharded pub/sub)."""
     if int(str(admin.info("server")["redis_version"]).split(".")[0]) >= 7:
         return rules
-    return [r for r in rules if r not in FUNCTION_RULES]
+    return [r for r in rules if r not in FUNCTION_RULES + SHARDED_RULES]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +59,17 @@ def server() -> Iterator[RedisServer]:
     for user, rules in documented_users().items():
         admin.execute_command("ACL", "SETUSER", user, *for_server(admin, rules))
     admin.close()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def replica(server: RedisServer) -> Iterator[RedisServer]:
+    """A replica of ``server`` (so that ``wait_replicas=1`` is confirmed)."""
+    s = start_server(["--replicaof", "127.0.0.1", str(server.port)])
+    with client_of(s) as c:
+        wait_for(lambda: c.info("replication").get("master_link_status") == "up", 30,
+                 "the replica to sync")
     yield s
     s.stop()
 
@@ -113,6 +128,131 @@ def test_the_core_runs_as_its_acl_user(server: RedisServer, admin: redis.Redis) 
     c.close()
 
 
+@pytest.mark.parametrize("functions", [True, False], ids=["functions", "scripts"])
+def test_the_core_runs_every_feature_as_its_acl_user(
+    server: RedisServer, replica: RedisServer, admin: redis.Redis, functions: bool
+) -> None:
+    """The documented core user with the history, events, wait_replicas and FCALL (or
+    EVALSHA) all on: every transition runs, and Redis logs no refusal."""
+    seven = bool(for_server(admin, list(FUNCTION_RULES)))
+    if functions and not seven:
+        pytest.skip("Redis 6.2 has no functions")
+    fresh_log(admin)
+    c = as_user(server, "belayq-core")
+    name = f"acl-all-{functions}"
+    q = ReliableQueue(c, name, lease_ms=300, keeper=False, history_max=5, events=True,
+                      wait_replicas=1, wait_timeout_ms=5_000, lua_functions=functions)
+    with q.events() as stream:
+        q.publish(b"a")
+        q.publish(b"later", delay_ms=50)
+        d = q.claim(1)[0]
+        assert q.extend([d]) == [True] and q.ack(d, "done")
+        time.sleep(0.06)
+        d = q.claim(1)[0]
+        assert q.nack(d, reason="retry") == "ready"
+        d = q.claim(1)[0]
+        assert q.dead_letter(d, "malformed")
+        assert q.replay_dead() == 1
+        lost = q.claim(1)[0]
+        time.sleep(0.4)
+        assert q.sweep().reclaimed == 1
+        again = q.claim(1)[0]
+        assert again.id == lost.id and q.ack(again)
+        q.publish(b"b")
+        [d] = q.claim(1)
+        assert q.release([d]) == 1 and q.defer([(q.claim(1)[0], 0)]) == 1
+        assert q.purge() == 1 and q.stats()["in_flight"] == 0
+        events = []
+        while (event := stream.get(timeout=0.5)) is not None:
+            events.append(event.kind)
+    assert {"completed", "failed", "dead_lettered", "reclaimed"} <= set(events), events
+    assert [h.result for h in q.history("done")] == ["", "done"]
+    assert [h.reason for h in q.history("failed")] == ["malformed"]
+    assert refusals(admin, "belayq-core") == []
+    used = admin.info("commandstats")
+    assert used["cmdstat_fcall" if functions else "cmdstat_evalsha"]["calls"] > 0
+    assert used["cmdstat_wait"]["calls"] > 0
+    assert used["cmdstat_spublish" if seven else "cmdstat_publish"]["calls"] > 0
+    q.drop()
+    c.close()
+
+
+def minus(admin: redis.Redis, user: str, dropped: tuple[str, ...]) -> str:
+    """A copy of the documented core user without the ``dropped`` rules; its name."""
+    rules = for_server(admin, documented_users()["belayq-core"])
+    admin.execute_command("ACL", "SETUSER", user, "reset",
+                          *[r for r in rules if r not in dropped])
+    return user
+
+
+def seven_or_skip(admin: redis.Redis) -> None:
+    if not for_server(admin, list(FUNCTION_RULES)):
+        pytest.skip("Redis 6.2 has no redis.acl_check_cmd: a refusal there is a documented limit")
+
+
+def snapshot(q: ReliableQueue, admin: redis.Redis) -> dict[str, bytes | None]:
+    return {k: admin.dump(k) for k in q.keys.all_keys()}
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["functions", "scripts"])
+def test_an_ack_the_acl_refuses_for_the_history_writes_nothing(
+    server: RedisServer, admin: redis.Redis, functions: bool
+) -> None:
+    """A user without +pexpire and a queue with a history: the ack is refused whole
+    (NotPermitted naming PEXPIRE and the rule), no history entry is written, and the claim
+    is still held; granted the rule, the same ack goes through."""
+    seven_or_skip(admin)
+    user = minus(admin, "belayq-core-no-pexpire", ("+pexpire",))
+    c = redis.Redis(port=server.port, username=user, password=PASSWORD)
+    name = f"acl-nopexpire-{functions}"
+    q = ReliableQueue(c, name, history_max=5, keeper=False, lua_functions=functions)
+    full = as_user(server, "belayq-core")
+    claimer = ReliableQueue(full, name, history_max=5, keeper=False, lua_functions=functions)
+    claimer.publish(b"a")
+    [d] = claimer.claim(timeout=0)  # a claim may dead-letter (history): it needs +pexpire too
+    claimer.forget([d])
+    for _ in range(4):
+        before = snapshot(q, admin)
+        with pytest.raises(NotPermitted, match=r"PEXPIRE.*add \+pexpire"):
+            q.ack(d)
+        assert snapshot(q, admin) == before
+    assert q.history("done") == [] and q.stats()["in_flight"] == 1
+    admin.execute_command("ACL", "SETUSER", user, "+pexpire")
+    assert q.ack(d) and [h.id for h in q.history("done")] == [d.id]
+    q.drop()
+    c.close()
+    full.close()
+
+
+@pytest.mark.parametrize("functions", [True, False], ids=["functions", "scripts"])
+def test_a_claim_the_acl_refuses_for_an_event_moves_nothing(
+    server: RedisServer, admin: redis.Redis, functions: bool
+) -> None:
+    """A user without +spublish and a queue with events: a claim whose sweep would put an
+    expired lease back (a 'reclaimed' event) is refused whole, naming the command and the
+    channel; nothing moved."""
+    seven_or_skip(admin)
+    user = minus(admin, "belayq-core-no-publish", ("+spublish", "+publish"))
+    c = redis.Redis(port=server.port, username=user, password=PASSWORD)
+    name = f"acl-nopublish-{functions}"
+    q = ReliableQueue(c, name, lease_ms=100, events=True, keeper=False,
+                      lua_functions=functions)
+    full = as_user(server, "belayq-core")
+    claimer = ReliableQueue(full, name, lease_ms=100, events=True, keeper=False,
+                            lua_functions=functions)
+    q.publish(b"a")
+    q.publish(b"b")
+    claimer.forget(claimer.claim(timeout=0))  # every claim may publish: it needs +spublish
+    time.sleep(0.15)  # the lease expires: the next claim's sweep reclaims it
+    before = snapshot(q, admin)
+    with pytest.raises(NotPermitted, match=r"SPUBLISH on channel .*events.*&"):
+        q.claim(timeout=0)
+    assert snapshot(q, admin) == before
+    assert q.stats()["in_flight"] == 1 and q.stats()["ready"] == 1
+    c.close()
+    full.close()
+
+
 @pytest.mark.parametrize("dropped", [FUNCTION_RULES, ("+function|load",)],
                          ids=["no-functions", "no-function-load"])
 def test_without_function_rights_the_core_runs_its_scripts(
@@ -156,7 +296,7 @@ def test_the_acl_users_are_really_restricted(server: RedisServer, command: tuple
 
 def test_a_queue_outside_the_patterns_is_refused(server: RedisServer) -> None:
     c = as_user(server, "belayq-core")
-    with pytest.raises((redis.exceptions.NoPermissionError, ConnectionLost)):
+    with pytest.raises((NotPermitted, ConnectionLost)):
         ReliableQueue(c, "q", prefix="other", keeper=False)
     c.close()
 

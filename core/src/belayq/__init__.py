@@ -1,5 +1,6 @@
 """belayq: a reliable Redis queue core (BLMOVE claims, fenced leases, Lua settlement, sweep)."""
 
+from .admin import Purged
 from .config import QueueConfig
 from .errors import (
     BelayqError,
@@ -8,6 +9,8 @@ from .errors import (
     CrossSlot,
     DurabilityError,
     EvictionRiskWarning,
+    NotPermitted,
+    OutOfMemory,
     RedisTooOld,
     SchemaMismatch,
 )
@@ -30,7 +33,10 @@ __all__ = [
     "EventStream",
     "EvictionRiskWarning",
     "HistoryRecord",
+    "NotPermitted",
+    "OutOfMemory",
     "Published",
+    "Purged",
     "QueueConfig",
     "QueueKeys",
     "RedisTooOld",

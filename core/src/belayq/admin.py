@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .arguments import check_int
 from .config import QueueConfig
 from .constants import BELL_SCAN, PURGE_BATCH
 from .errors import ConfigError
@@ -14,6 +15,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import QueueKeys
 from .models import DeadLetter, HistoryRecord
 from .models import text as _text
+from .publishing import published_ms
 from .registry import Registry
 from .scripts import ScriptRunner
 
@@ -44,6 +46,30 @@ def parse_meta(packed: bytes | None) -> dict[str, Any] | None:
         "token": _text(token),
         "error": _text(err),
     }
+
+
+class Purged(int):
+    """What a purge deleted: an int (the total, as purge returned before), with the ready
+    and the delayed messages apart.
+
+    Attributes:
+        ready: Ready messages deleted.
+        delayed: Delayed messages deleted.
+    """
+
+    ready: int
+    delayed: int
+
+    def __new__(cls, ready: int, delayed: int) -> Purged:
+        total = super().__new__(cls, ready + delayed)
+        total.ready, total.delayed = ready, delayed
+        return total
+
+    def __repr__(self) -> str:
+        return f"Purged(ready={self.ready}, delayed={self.delayed})"
+
+    def __str__(self) -> str:
+        return str(int(self))
 
 
 class QueueAdmin:
@@ -125,7 +151,8 @@ class QueueAdmin:
             out.append(HistoryRecord(
                 id=str(h["id"]), outcome=outcome, result=str(h.get("result", "")),
                 reason=str(h.get("reason", "")), deliveries=int(h["deliveries"]),
-                attempts=int(h["attempts"]), published_ms=int(h["published_ms"]),
+                attempts=int(h["attempts"]),
+                published_ms=int(h["published_ms"]) or published_ms(str(h["id"])),
                 finished_ms=int(h["finished_ms"]), payload=payload,
             ))  # fmt: skip
         return out
@@ -134,29 +161,74 @@ class QueueAdmin:
     def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
         """Put dead letters back on their ready lists with fresh counts: those in ``ids``,
         or, when ``ids`` is None, the oldest ``limit``. An empty ``ids`` replays nothing.
-        Returns how many were replayed."""
+        Returns how many were replayed.
+
+        Raises:
+            ConfigError: A ``limit`` that is not an int >= 1, or ``ids`` that are not a
+                sequence of non-empty str.
+        """
+        check_int("limit", limit, minimum=1)
         if ids is None:
             return int(self._scripts.run("replay", limit))
-        if isinstance(ids, (str, bytes)):
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise ConfigError("replay_dead(ids=...) takes a sequence of ids, not one string")
         ids = list(ids)
+        if any(not isinstance(i, str) or not i for i in ids):
+            raise ConfigError(f"replay_dead(ids=...) takes non-empty str ids, got {ids!r}")
         if not ids:
             return 0
         return int(self._scripts.run("replay", limit, *ids))
 
     @_redis_errors
-    def purge(self, on_batch: Callable[[int], Any] | None = None) -> int:
-        """Delete every waiting (ready or delayed) message, in batches of 1,000 so no script
-        holds Redis for long; returns how many (``on_batch``: called with the count so far
-        after each batch)."""
+    def purge(
+        self, on_batch: Callable[[int], Any] | None = None, *, delayed: bool = True
+    ) -> Purged:
+        """Delete the waiting messages, in batches of 1,000 so no script holds Redis for
+        long: the ready ones, and the delayed ones too unless ``delayed=False`` (a consumer
+        fleet that holds delayed messages in memory, as stock Celery workers hold ETA
+        tasks, never has those deleted by a purge either). Claimed messages and dead
+        letters stay.
+
+        Args:
+            on_batch: Called with the count so far after each batch.
+            delayed: Delete the delayed messages as well.
+
+        Returns:
+            :class:`Purged`: the total (an int), with ``ready`` and ``delayed`` apart.
+
+        Raises:
+            ConfigError: An ``on_batch`` that is not callable, or ``delayed`` not a bool.
+        """
+        if on_batch is not None and not callable(on_batch):
+            raise ConfigError(f"on_batch must be callable or None, got {on_batch!r}")
+        if not isinstance(delayed, bool):
+            raise ConfigError(f"delayed must be True or False, got {delayed!r}")
+        ready_total = delayed_total = 0
+        while True:
+            reply = self._scripts.run("purge", PURGE_BATCH, "1" if delayed else "0")
+            ready, later, more = (int(x) for x in reply)
+            ready_total, delayed_total = ready_total + ready, delayed_total + later
+            if not more or not ready + later:
+                return Purged(ready_total, delayed_total)
+            if on_batch is not None:
+                on_batch(ready_total + delayed_total)
+
+    @_redis_errors
+    def promote_delayed(self, *, batch: int = PURGE_BATCH) -> int:
+        """Make every delayed message ready now, whenever it was due (the earliest due
+        first, each at the back of its ready list), ``batch`` per script call: before a
+        rollback to a transport that keeps no delayed set. Returns how many.
+
+        Raises:
+            ConfigError: A ``batch`` that is not an int >= 1.
+        """
+        check_int("batch", batch, minimum=1)
         total = 0
         while True:
-            purged, more = (int(x) for x in self._scripts.run("purge", PURGE_BATCH))
-            total += purged
-            if not more or not purged:
+            promoted, more = (int(x) for x in self._scripts.run("promote", batch))
+            total += promoted
+            if not more or not promoted:
                 return total
-            if on_batch is not None:
-                on_batch(total)
 
     @_redis_errors
     def drop(self) -> bool:

@@ -83,6 +83,13 @@ class QueueConfig:
             rather than as scripts (EVALSHA): cheaper per call, and kept by restarts and
             replicas. None = when the client reaches one Redis 7.0+ server and may load
             it; True = required; False = never. Clusters and fakeredis use scripts.
+        transient: A queue whose name lives only as long as its messages (a reply queue
+            named anew for each request): it keeps no counters (no stats hash, so
+            :meth:`~belayq.ReliableQueue.stats` shows sizes only), no reply memo (a call
+            redis-py re-sends after a dropped connection runs again) and no dedup memo
+            (``dedup_id`` is refused), so once its messages are settled it leaves no key
+            behind. It applies no starvation floor (which needs a counter) and keeps no
+            history (``history_max`` must be 0).
     """
 
     lease_ms: int = 30_000
@@ -111,6 +118,7 @@ class QueueConfig:
     history_ttl_ms: int = 86_400_000
     events: bool = False
     lua_functions: bool | None = None
+    transient: bool = False
 
     def __post_init__(self) -> None:
         _positive("lease_ms", self.lease_ms, minimum=100)
@@ -148,12 +156,17 @@ class QueueConfig:
             raise ConfigError(f"bell must be True or False, got {self.bell!r}")
         _positive("history_max", self.history_max, minimum=0)
         _positive("history_ttl_ms", self.history_ttl_ms)
-        for flag in ("claim_starts", "events"):
+        for flag in ("claim_starts", "events", "transient"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be True or False, got {getattr(self, flag)!r}")
         for tri in ("wait_aof", "lua_functions"):
             if getattr(self, tri) not in (None, True, False):
                 raise ConfigError(f"{tri} must be None, True or False, got {getattr(self, tri)!r}")
+        if self.transient and self.history_max:
+            raise ConfigError(
+                f"a transient queue keeps no history: history_max must be 0, got "
+                f"{self.history_max}"
+            )
         _positive("reply_window_ms", self.reply_window_ms, minimum=100)
         _positive("wait_replicas", self.wait_replicas, minimum=0)
         _positive("wait_timeout_ms", self.wait_timeout_ms)

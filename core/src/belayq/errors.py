@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,18 @@ class RedisTooOld(BelayqError):
 
 class SchemaMismatch(BelayqError):
     """The queue's keys were written by a belayq with another key schema version."""
+
+
+class NotPermitted(ConfigError):
+    """The server's ACL refuses a command belayq needs; the message names it and the rule to
+    add (docs/acl.md). Nothing was changed by the refused call."""
+
+
+class OutOfMemory(BelayqError):
+    """The server is full (``used_memory`` above ``maxmemory`` under a policy that evicts
+    nothing it may) and refused a call that stores more (a publish, a replay) whole: nothing
+    was stored. Calls that free memory or keep claims alive still run (ack, nack, extend,
+    release, defer, claims, sweep, purge, drop, stats)."""
 
 
 class CrossSlot(ConfigError):
@@ -53,6 +66,34 @@ class EvictionRiskWarning(BelayqWarning):
     keep them; a full server then refuses writes (OOM) instead."""
 
 
+#: An error reply of belayq's own scripts (lua/includes/check.lua): its kind and message.
+#: Redis 6.2 wraps it ("Error running script (call to f_...): @user_script:N: BELAYQ ..."),
+#: Redis 7 and Valkey append where it was raised (" script: ..., on @user_script:N.").
+_SCRIPT_ERROR = re.compile(
+    r"BELAYQ (bad argument|not permitted): (.*?)(?: script: [^\n]*)?\s*$", re.S
+)
+
+
+#: A full server's refusal (redis-py's OutOfMemoryError; Redis 6.2 wraps it inside a
+#: script's error: "... -OOM command not allowed when used memory > 'maxmemory'.").
+_OOM = "OOM command not allowed"
+
+
+def script_error(exc: BaseException) -> BelayqError | None:
+    """The belayq error a script's error reply stands for, or None for any other error."""
+    if not isinstance(exc, redis.ResponseError):
+        return None
+    if isinstance(exc, redis.exceptions.OutOfMemoryError) or _OOM in str(exc):
+        return OutOfMemory(f"the Redis server is full and refused the call: {exc}")
+    found = _SCRIPT_ERROR.search(str(exc))
+    if found is not None:
+        kind = NotPermitted if found.group(1) == "not permitted" else ConfigError
+        return kind(found.group(2))
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return NotPermitted(f"the server's ACL refuses a command belayq needs (docs/acl.md): {exc}")
+    return None
+
+
 def left_primary(exc: BaseException) -> bool:
     """Whether ``exc`` is a server's answer that it is no longer the primary, after a
     failover demoted it: ``READONLY`` (a write or script sent to a replica: it ran nothing)
@@ -73,10 +114,36 @@ def drop_connections(client: Any) -> None:
         pool.disconnect(inuse_connections=False)
 
 
+def _memory_figures(client: Any) -> str:
+    """``used_memory``, ``maxmemory`` and ``maxmemory-policy`` as INFO memory gives them now
+    (each node's on a cluster), or why they cannot be read."""
+    try:
+        info = client.info("memory")
+    except (redis.RedisError, AttributeError, TypeError) as exc:
+        return f"maxmemory and its policy could not be read: {exc}"
+    nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) else [info]
+    return "; ".join(
+        f"used_memory {n.get('used_memory', '?')} bytes, maxmemory {n.get('maxmemory', '?')} "
+        f"bytes, maxmemory-policy {n.get('maxmemory_policy', '?')}"
+        for n in nodes
+    )
+
+
+def out_of_memory(client: Any, call: str, exc: BaseException) -> OutOfMemory:
+    """The :class:`OutOfMemory` of ``call`` refused by a full server, with its figures."""
+    return OutOfMemory(
+        f"the Redis server is full ({_memory_figures(client)}) and refused {call} whole: "
+        "nothing was stored. Acks, nacks, extends, releases, claims, sweeps, purges and drops "
+        "still run and free memory; raise maxmemory, or drain or purge queues, then retry "
+        f"(server reply: {exc})"
+    )
+
+
 def redis_errors(fn: F) -> F:
-    """Translate redis-py's connection errors, and a demoted primary's answers
-    (:func:`left_primary`: then the connections of the owner's client are dropped), into
-    :class:`ConnectionLost`."""
+    """Translate redis-py's errors at the core's boundary: the error replies of belayq's
+    scripts (:func:`script_error`) into their belayq errors; connection errors, and a
+    demoted primary's answers (:func:`left_primary`: then the connections of the owner's
+    client are dropped), into :class:`ConnectionLost`."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -85,6 +152,12 @@ def redis_errors(fn: F) -> F:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
         except redis.ResponseError as exc:
+            mapped = script_error(exc)
+            if isinstance(mapped, OutOfMemory):
+                client = getattr(args[0], "client", None) if args else None
+                raise out_of_memory(client, fn.__name__, exc) from exc
+            if mapped is not None:
+                raise mapped from exc
             if not left_primary(exc):
                 raise
             if args:

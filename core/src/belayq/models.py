@@ -17,7 +17,8 @@ class Delivery:
 
     Attributes:
         id: The message id. In inline mode: the list entry itself when it is short
-            printable ASCII (an RQ job id), else the SHA1 of the entry.
+            printable ASCII (an RQ job id), else the SHA1 of the entry; a copy of an entry
+            whose id another copy holds (held, delayed or dead) gets ``"<id> #<n>"``.
         payload: The message bytes.
         token: The fencing token of this claim; settle calls must present it.
         deliveries: How many times the message has been claimed, 1 on the first claim.
@@ -91,8 +92,9 @@ class HistoryRecord:
         reason: Why it was dead-lettered (``""`` for a done one).
         deliveries: How many times it was claimed.
         attempts: How many of those runs started.
-        published_ms: When it was published (ms, server clock; 0 when unknown: a message a
-            foreign producer pushed straight onto the list).
+        published_ms: When it was published (ms): on the server's clock for a delayed
+            message; read from the id (the producer's clock) for one published ready; 0 when
+            unknown (a message a foreign producer pushed straight onto the list).
         finished_ms: When it was acked or dead-lettered (ms, server clock).
         payload: The first bytes of the payload (up to 1 KiB).
     """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 import time
 from collections.abc import Iterable
 
@@ -22,6 +23,15 @@ def message_id() -> str:
     80 random bits, so ids sort by publish time and tell a waiting message's age
     (:mod:`belayq.metrics`)."""
     return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
+
+
+_MESSAGE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def published_ms(message: str) -> int:
+    """When a message whose id :func:`message_id` made was published (ms, the producer's
+    clock), read from its id; 0 for an id of another form (time unknown)."""
+    return int(message[:12], 16) if _MESSAGE_ID.match(message) else 0
 
 
 class Publishing:
@@ -59,6 +69,8 @@ class Publishing:
             raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
         if dedup_id is not None and (not isinstance(dedup_id, str) or not dedup_id):
             raise ConfigError(f"dedup_id must be a non-empty str or None, got {dedup_id!r}")
+        if dedup_id is not None and self.config.transient:
+            raise ConfigError("a transient queue keeps no dedup memo: dedup_id is refused")
         return [message_id(), payload, self.level_of(priority), delay_ms, dedup_id or ""]
 
     def _publish_groups(self, groups: list[list[Arg]]) -> list[Published]:

@@ -14,6 +14,7 @@ import redis
 
 from . import client_info
 from .admin import QueueAdmin
+from .arguments import check_deliveries
 from .config import QueueConfig
 from .config import check_count as _check_count
 from .constants import (
@@ -250,9 +251,17 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         non-blocking claim that follows waits for the slot's new owner (see
         ``cluster_retry_ms``), refreshes the slot map, and the next BLMOVE goes there. The
         BLMOVE moved nothing, or its entry waits in the landing zone for the sweep.
+
+        A full server (maxmemory) refuses BLMOVE at once: that counts as an empty wait of
+        up to one sweep period (the scripted claim that follows, which a full server runs,
+        takes what waits), never a busy loop.
         """
         try:
             return self.client.execute_command(*self.blmove_command(wait))
+        except redis.exceptions.OutOfMemoryError as exc:
+            log.info("blocking claim on %s refused by a full server: %s", self.name, exc)
+            time.sleep(min(wait, self.config.sweep_interval_ms / 1000))
+            return None
         except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
             if not self._scripts.cluster or (
                 isinstance(exc, redis.ResponseError) and not _failover_reply(exc)
@@ -355,7 +364,12 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
 
     @_redis_errors
     def extend(self, deliveries: Sequence[Delivery]) -> list[bool]:
-        """Extend the leases of many claims to now + ``lease_ms``; one bool per claim."""
+        """Extend the leases of many claims to now + ``lease_ms``; one bool per claim.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery of this queue.
+        """
+        deliveries = check_deliveries("extend", deliveries, self._owner)
         if not deliveries:
             return []
         return self._extend(deliveries, count_stale=True)
@@ -383,7 +397,12 @@ class ReliableQueue(Publishing, Settling, QueueAdmin):
         attempts from now on; see ``claim_starts``). The report rides on the lease keeper's
         next extend, costing no round trip of its own; ``now`` sends it at once (one script),
         for consumers that run the message in this very process. No-op when
-        ``claim_starts`` already counted them."""
+        ``claim_starts`` already counted them.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery of this queue.
+        """
+        deliveries = check_deliveries("start", deliveries, self._owner)
         if self.config.claim_starts or not deliveries:
             return
         with self._lock:

@@ -92,6 +92,7 @@ class ScriptRunner:
             ("1" if c.payload_in_list else "0")
             + ("L" if c.ready_head == "left" else "")
             + ("" if c.bell else "N")
+            + ("T" if c.transient else "")
             + (f"H{c.history_max},{c.history_ttl_ms}" if c.history_max else "")
         )
 
@@ -118,7 +119,7 @@ class ScriptRunner:
             self._mode,
             c.dead_after_runs,
             c.dead_letter_max,
-            request_id,
+            "" if c.transient else request_id,  # a transient queue keeps no reply memo
             c.reply_window_ms,
         ]
 

@@ -4,10 +4,12 @@ fencing token; a claim another one holds now is refused and counted (``stale_ack
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .arguments import check_deliveries, check_delivery, check_int, check_text
 from .config import QueueConfig
 from .constants import REASON_MAX_CHARS, RESULT_MAX_BYTES
 from .errors import ConfigError
@@ -16,6 +18,13 @@ from .holding import HeldClaims
 from .models import Delivery
 from .models import text as _text
 from .scripts import Arg, ScriptRunner
+
+
+def request_id() -> str:
+    """A fresh request id: a call redis-py re-sends after a dropped connection answers from
+    the reply memo as its first run did (64 random bits: no two calls within the reply
+    window share one)."""
+    return os.urandom(8).hex()
 
 
 def _result_text(result: bytes | str | None) -> str:
@@ -32,6 +41,11 @@ class Settling(HeldClaims):
 
     config: QueueConfig
     _scripts: ScriptRunner
+
+    @property
+    def _owner(self) -> tuple[str, str]:
+        """``(queue, shard)`` as the deliveries this object claims name them."""
+        return (self.sharded_as or self.name, self.name if self.sharded_as else "")
 
     @staticmethod
     def _pairs(deliveries: Iterable[Delivery]) -> list[Arg]:
@@ -57,23 +71,37 @@ class Settling(HeldClaims):
 
         A claim whose message is no longer in the queue at all (a re-sent ack whose first
         run settled it) answers True.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery of this queue, or ``results``
+                that do not match.
         """
+        args = self._ack_args(deliveries, results)
         if not deliveries:
             return []
         with self._settling(deliveries):
-            reply = self._scripts.run(
-                "ack", *self._ack_args(deliveries, results), durable=self.config.durable
-            )
+            reply = self._scripts.run("ack", *args, durable=self.config.durable)
         return [bool(int(x)) for x in reply]
 
     def _ack_args(
         self, deliveries: Sequence[Delivery],
         results: Sequence[bytes | str | None] | None = None,
     ) -> list[Arg]:
+        check_deliveries("ack", deliveries, self._owner)
+        if results is not None:
+            if not isinstance(results, Sequence) or isinstance(results, (str, bytes)):
+                raise ConfigError(f"results must be a sequence, got {type(results).__name__}")
+            if len(results) != len(deliveries):
+                raise ConfigError(
+                    f"ack_many got {len(results)} results for {len(deliveries)} claims"
+                )
+            for result in results:
+                if result is not None and not isinstance(result, (bytes, str)):
+                    raise ConfigError(
+                        f"a result must be bytes, str or None, got {type(result).__name__}"
+                    )
         if results is None or not self.config.history_max:
             return ["0", *self._pairs(deliveries)]
-        if len(results) != len(deliveries):
-            raise ConfigError(f"ack_many got {len(results)} results for {len(deliveries)} claims")
         args: list[Arg] = ["1"]
         for d, result in zip(deliveries, results, strict=True):
             args += [d.id, d.token, _result_text(result)]
@@ -100,21 +128,39 @@ class Settling(HeldClaims):
         Returns:
             ``"ready"``, ``"delayed"``, ``"dead"`` (max_deliveries runs reached) or
             ``"stale"`` (another claim holds it now, or it is gone).
+
+        Raises:
+            ConfigError: Not a Delivery of this queue, a delay that is not None or an int
+                >= 0, or a reason that is not a str. Nothing is sent: the claim is still held.
         """
-        if delay_ms is None:
+        check_delivery("nack", delivery, self._owner)
+        check_text("reason", reason)
+        if delay_ms is not None:
+            check_int("delay_ms", delay_ms)
+        else:
             delay_ms = self.backoff_ms(max(delivery.attempts, delivery.deliveries))
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, delay_ms,
                                reason[:REASON_MAX_CHARS], "0"]
-            reply = self._scripts.run("nack", *args, durable=self.config.durable)
+            reply = self._scripts.run(
+                "nack", *args, request_id=request_id(), durable=self.config.durable
+            )
         return _text(reply)
 
     @_redis_errors
     def dead_letter(self, delivery: Delivery, reason: str) -> bool:
-        """Dead-letter a claim now (a malformed or unknown message). False if stale."""
+        """Dead-letter a claim now (a malformed or unknown message). False if stale.
+
+        Raises:
+            ConfigError: Not a Delivery of this queue, or a reason that is not a str.
+        """
+        check_delivery("dead_letter", delivery, self._owner)
+        check_text("reason", reason)
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
-            reply = self._scripts.run("nack", *args, durable=self.config.durable)
+            reply = self._scripts.run(
+                "nack", *args, request_id=request_id(), durable=self.config.durable
+            )
         return _text(reply) == "dead"
 
     def backoff_ms(self, deliveries: int) -> int:
@@ -125,12 +171,20 @@ class Settling(HeldClaims):
 
     @_redis_errors
     def release(self, deliveries: Sequence[Delivery]) -> int:
-        """Hand unstarted claims back to the front of the queue (uncounted deliveries)."""
+        """Hand unstarted claims back to the front of the queue (uncounted deliveries).
+
+        Raises:
+            ConfigError: A claim that is not a Delivery of this queue.
+        """
+        check_deliveries("release", deliveries, self._owner)
         if not deliveries:
             return 0
         with self._settling(deliveries):
             released = int(
-                self._scripts.run("release", *self._pairs(deliveries), durable=self.config.durable)
+                self._scripts.run(
+                    "release", *self._pairs(deliveries), request_id=request_id(),
+                    durable=self.config.durable,
+                )
             )
         return released
 
@@ -145,14 +199,23 @@ class Settling(HeldClaims):
             How many were deferred (a claim that another one holds now is refused).
 
         Raises:
-            ConfigError: A delay that is not an int >= 0.
+            ConfigError: Not a sequence of ``(Delivery, delay_ms)``, or a delay that is not
+                an int >= 0.
         """
+        if not isinstance(deferrals, Sequence) or isinstance(deferrals, (str, bytes)):
+            raise ConfigError(f"defer takes a sequence of (delivery, delay_ms), got {deferrals!r}")
+        args: list[Arg] = []
+        for pair in deferrals:
+            if not isinstance(pair, tuple) or len(pair) != 2:
+                raise ConfigError(f"defer takes (delivery, delay_ms) pairs, got {pair!r}")
+            d, delay_ms = pair
+            check_delivery("defer", d, self._owner)
+            args += [d.id, d.token, check_int("delay_ms", delay_ms)]
         if not deferrals:
             return 0
-        args: list[Arg] = []
-        for d, delay_ms in deferrals:
-            if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-                raise ConfigError(f"delay_ms must be an int >= 0, got {delay_ms!r}")
-            args += [d.id, d.token, delay_ms]
         with self._settling([d for d, _ in deferrals]):
-            return int(self._scripts.run("defer", *args, durable=self.config.durable))
+            return int(
+                self._scripts.run(
+                    "defer", *args, request_id=request_id(), durable=self.config.durable
+                )
+            )

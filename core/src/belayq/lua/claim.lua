@@ -24,13 +24,17 @@
 -- ARGV[12] starts       '1': each claim counts as a started attempt now
 -- Returns {next_due_ms, id1, payload1, token1, deliveries1, attempts1, id2, ...};
 -- next_due_ms is the wait until the next delayed message is due, or -1 when none is.
+-- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain:
+-- each claim leads to an ack that frees its message)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include claim_keys
 -- @include claiming
 -- @include recover
 
 local k = claim_keys()
-local a = claim_args()
+local a = claim_args(12)
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)

@@ -7,8 +7,12 @@
 -- KEYS[10] history_done, KEYS[11] history_failed, KEYS[12..] levels
 -- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
+-- FLAGS: allow-oom (a full server still runs it: it frees memory)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 
+args_exactly(6)
 if redis.call('LLEN', KEYS[1]) > 0 or redis.call('ZCARD', KEYS[2]) > 0 then
   return 0
 end

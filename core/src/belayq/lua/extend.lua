@@ -13,28 +13,57 @@
 --           (counted once per claim as an attempt)
 -- Returns one integer per triple: 1 extended, 0 refused (the claim was swept or settled;
 -- the caller must stop working on it).
+-- FLAGS: allow-oom (a full server still runs it: leases must not lapse)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include holds
 
 local leases, meta, stats = KEYS[1], KEYS[2], KEYS[3]
-local deadline = now_ms() + tonumber(ARGV[7])
+local lease_ms = int_arg(7, 'lease_ms', 1)
+local count_stale = flag_arg(8, 'count_stale')
+arg_groups(9, 3, 'claims', 1)
+for i = 9, #ARGV, 3 do
+  text_arg(i, 'id')
+  text_arg(i + 1, 'token')
+  flag_arg(i + 2, 'start')
+end
+
+-- Every claim's state is read before anything is written; a claim named twice counts its
+-- start once.
+local held, order = {}, {}
 local out = {}
 local stale = 0
 for i = 9, #ARGV, 3 do
-  local id, token = ARGV[i], ARGV[i + 1]
-  local m = holds(meta, id, token)
-  if m then
-    redis.call('ZADD', leases, 'XX', deadline, id)
-    if ARGV[i + 2] == '1' and not m.s then
-      m.a, m.s = m.a + 1, true
-      meta_put(meta, id, m)
+  local id = ARGV[i]
+  local h = held[id]
+  if not h then
+    local m = holds(meta, id, ARGV[i + 1])
+    if m then
+      h = {id = id, m = m, start = false}
+      held[id] = h
+      order[#order + 1] = h
     end
+  elseif h.m.t ~= ARGV[i + 1] then
+    h = nil
+  end
+  if h then
+    h.start = h.start or (ARGV[i + 2] == '1' and not h.m.s)
     out[#out + 1] = 1
   else
     stale = stale + 1
     out[#out + 1] = 0
   end
 end
-if ARGV[8] == '1' then count(stats, 'stale_acks', stale) end
+
+local deadline = now_ms() + lease_ms
+for _, h in ipairs(order) do
+  redis.call('ZADD', leases, 'XX', deadline, h.id)
+  if h.start then
+    h.m.a, h.m.s = h.m.a + 1, true
+    meta_put(meta, h.id, h.m)
+  end
+end
+if count_stale then count(stats, 'stale_acks', stale) end
 return out

@@ -11,16 +11,19 @@
 -- ARGV[7..12]         as claim.lua
 -- ARGV[13] entry      the element BLMOVE returned
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, attempts1, ...}; lost is
--- 1 when the BLMOVE-d entry could not be leased (swept back, or a copy already in flight).
+-- 1 when the BLMOVE-d entry could not be leased (swept back, or its id already in flight).
+-- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include claim_keys
 -- @include claiming
 -- @include recover
 
 local k = claim_keys()
-local a = claim_args()
+local a = claim_args(13)
 local want = a.want
-local entry = ARGV[13]
+local entry = any_arg(13, 'entry')
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
@@ -35,7 +38,7 @@ elseif redis.call('LREM', k.processing, 1, entry) == 0 then
   count(k.stats, 'lost_claims', 1)
   out[2] = 1
 else
-  local d = take(k, id_of(entry), entry, 1, now, a.lease_ms, a.nonce .. #out, a.starts)
+  local d = take(k, entry, 1, now, a.lease_ms, a.nonce .. #out, a.starts, true)
   if d then
     for _, v in ipairs(d) do out[#out + 1] = v end
     want = want - 1

@@ -8,40 +8,54 @@
 -- KEYS[5] payloads   hash id -> payload
 -- KEYS[6] stats      hash of counters
 -- KEYS[7] history_failed  list: the last dead-lettered messages (history on)
--- KEYS[8..] levels   ready lists, highest priority first
+-- KEYS[8] memo       hash: this call's reply, for a re-sent call
+-- KEYS[9] memo_exp   zset memo field -> expiry
+-- KEYS[10..] levels  ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] id, ARGV[8] token
 -- ARGV[9]  delay_ms  0 = ready now (front of its list), > 0 = delayed that long
 -- ARGV[10] reason    kept as the last error
 -- ARGV[11] bury      '1' = dead-letter now whatever the count
--- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token).
+-- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token). A call
+-- re-sent with the same request id answers as its first run did.
+-- FLAGS: allow-oom (a full server still runs it: the claim must settle)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include holds
+-- @include memo
 -- @include ready
 -- @include settle
 
 local k = {leases = KEYS[1], delayed = KEYS[2], dead = KEYS[3], meta = KEYS[4],
-  payloads = KEYS[5], stats = KEYS[6], history_failed = KEYS[7], levels = {}}
-for i = 8, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
-local id, token = ARGV[7], ARGV[8]
-local delay_ms = tonumber(ARGV[9])
-local reason = ARGV[10]
+  payloads = KEYS[5], stats = KEYS[6], history_failed = KEYS[7], memo = KEYS[8],
+  memo_exp = KEYS[9], levels = {}}
+for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
+args_exactly(11)
+local id, token = text_arg(7, 'id'), text_arg(8, 'token')
+local delay_ms = int_arg(9, 'delay_ms', 0)
+local reason = any_arg(10, 'reason')
+local bury = flag_arg(11, 'bury')
 
+local now = now_ms()
+local earlier = earlier_reply(k.memo, k.memo_exp, now)
+if earlier then return earlier[1] end
 local m = holds(k.meta, id, token)
 if not m then
   if redis.call('HEXISTS', k.meta, id) == 1 then count(k.stats, 'stale_acks', 1) end
   return 'stale'
 end
-local now = now_ms()
 count(k.stats, 'nacked', 1)
-if ARGV[11] == '1' then
+local outcome = 'dead'
+if bury then
   redis.call('ZREM', k.leases, id)
   if not m.s then m.a = m.a + 1 end
   dead_letter(k, id, m, reason, now)
-  return 'dead'
+else
+  outcome = send_back(k, id, m, now, delay_ms, reason, true, true)
+  fix_door(k.levels)
+  if outcome ~= 'dead' then emit(k, 'failed', id, m, reason, now) end
 end
-local outcome = send_back(k, id, m, now, delay_ms, reason, true, true)
-fix_door(k.levels)
-if outcome ~= 'dead' then emit(k, 'failed', id, m, reason, now) end
+remember(k.memo, k.memo_exp, {outcome}, now)
 return outcome

@@ -12,7 +12,8 @@
 -- ARGV[1..6]         see includes/context.lua; ARGV[5] is the first message's id
 -- ARGV[7]  dedup_window_ms
 -- ARGV[8..] one group of five per message:
---   id        chosen by the client (inline mode: derived from the payload)
+--   id        chosen by the client (inline mode: derived from the payload; a delayed copy of
+--             a payload whose id is in use goes by '<id> #<n>', includes/copies.lua)
 --   payload   bytes
 --   level     1-based priority level
 --   delay_ms  0 = ready now; > 0 = due after that many ms (server clock)
@@ -21,7 +22,11 @@
 -- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
 -- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
+-- FLAGS: none: a full server (maxmemory) refuses it whole, before anything is stored
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
+-- @include copies
 -- @include counters
 -- @include ids
 -- @include meta
@@ -31,7 +36,15 @@
 local k = {meta = KEYS[1], payloads = KEYS[2], leases = KEYS[3], delayed = KEYS[4],
   dead = KEYS[5], memo = KEYS[6], memo_exp = KEYS[7], stats = KEYS[8], levels = {}}
 for i = 9, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
-local dedup_window_ms = tonumber(ARGV[7])
+local dedup_window_ms = int_arg(7, 'dedup_window_ms', 1)
+arg_groups(8, 5, 'messages', 1)
+for g = 8, #ARGV, 5 do
+  text_arg(g, 'id')
+  any_arg(g + 1, 'payload')
+  int_arg(g + 2, 'level', 1, #k.levels)
+  int_arg(g + 3, 'delay_ms', 0)
+  any_arg(g + 4, 'dedup_id')
+end
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
@@ -51,7 +64,7 @@ local published, deduplicated = 0, 0
 for g = 8, #ARGV, 5 do
   local id, payload = ARGV[g], ARGV[g + 1]
   local lvl, delay_ms, dedup_id = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]), ARGV[g + 4]
-  if INLINE then id = id_of(payload) end
+  if INLINE then id = id_of(payload) end  -- a delayed copy is named below
   local first = dedup_id ~= '' and memo_get(k.memo, k.memo_exp, 'd:' .. dedup_id, now)
   if first then
     out[#out + 1] = first
@@ -59,6 +72,7 @@ for g = 8, #ARGV, 5 do
     out[#out + 1] = state_of(first)
     deduplicated = deduplicated + 1
   else
+    if INLINE and delay_ms > 0 then id = copy_free(k, id) end
     if dedup_id ~= '' then
       memo_put(k.memo, k.memo_exp, 'd:' .. dedup_id, id, dedup_window_ms, now)
     end

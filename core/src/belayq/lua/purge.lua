@@ -1,4 +1,5 @@
--- purge.lua: delete up to `limit` waiting messages (ready, then delayed) with their state.
+-- purge.lua: delete up to `limit` waiting messages (ready, then delayed when asked) with
+-- their state.
 -- Claimed messages and dead letters are not touched, nor the state of a held message whose
 -- identical entry also waits in a ready list.
 --
@@ -11,21 +12,39 @@
 -- KEYS[7..] levels   ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages deleted by this call
--- Returns {purged, more}: more is 1 when waiting messages are left (call again).
+-- ARGV[8] delayed    '1': delayed messages too; '0': ready ones only
+-- Returns {ready purged, delayed purged, more}: more is 1 when messages of the kinds asked
+-- for are left (call again).
+-- FLAGS: allow-oom (a full server still runs it: it frees memory)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
+-- @include copies
 -- @include counters
 -- @include ids
 -- @include ready
 
 local delayed, leases, dead, meta, payloads, stats =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local limit = tonumber(ARGV[7])
+args_exactly(8)
+local limit = int_arg(7, 'limit', 1)
+local with_delayed = flag_arg(8, 'delayed')
 local purged = 0
 
 local function forget(id)
   if redis.call('ZSCORE', leases, id) or redis.call('ZSCORE', dead, id) then return end
-  redis.call('HDEL', meta, id)
+  forget_record({meta = meta}, id)
   redis.call('HDEL', payloads, id)
+end
+
+-- A purged ready entry's record: inline, the waiting copy it stands for (none: fresh).
+local function forget_entry(entry)
+  if not INLINE then return forget(entry) end
+  for _, c in ipairs(copies_of({meta = meta, delayed = delayed}, id_of(entry))) do
+    if c.state == 'waiting' then
+      return forget_record({meta = meta}, c.id)
+    end
+  end
 end
 
 for i = 7, #KEYS do
@@ -37,12 +56,13 @@ for i = 7, #KEYS do
     for _, entry in ipairs(batch) do
       if entry ~= BELL then
         purged = purged + 1
-        forget(id_of(entry))
+        forget_entry(entry)
       end
     end
   end
 end
-if purged < limit then
+local ready_purged = purged
+if with_delayed and purged < limit then
   for _, id in ipairs(redis.call('ZRANGE', delayed, 0, limit - purged - 1)) do
     redis.call('ZREM', delayed, id)
     forget(id)
@@ -50,6 +70,6 @@ if purged < limit then
   end
 end
 count(stats, 'purged', purged)
-local more = redis.call('ZCARD', delayed)
+local more = with_delayed and redis.call('ZCARD', delayed) or 0
 for i = 7, #KEYS do more = more + redis.call('LLEN', KEYS[i]) end
-return {purged, more > 0 and 1 or 0}
+return {ready_purged, purged - ready_purged, more > 0 and 1 or 0}

@@ -9,6 +9,9 @@
 -- ARGV[7] limit      how many to replay when no ids are given (oldest first)
 -- ARGV[8..] ids      the dead letters to replay; none = the oldest `limit`
 -- Returns the number replayed (ids not in the dead-letter set are skipped).
+-- FLAGS: none: a full server (maxmemory) refuses it whole, before anything moves
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include counters
 -- @include meta
@@ -18,23 +21,38 @@
 local k = {dead = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4], levels = {}}
 for i = 5, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 
-local ids = {}
+local limit = int_arg(7, 'limit', 1)
+for i = 8, #ARGV do text_arg(i, 'id') end
+
+-- The dead letters to replay, and their state, are read before anything is written.
+local ids, seen = {}, {}
 if #ARGV >= 8 then
   for i = 8, #ARGV do
-    if redis.call('ZREM', k.dead, ARGV[i]) > 0 then ids[#ids + 1] = ARGV[i] end
+    local id = ARGV[i]
+    if not seen[id] and redis.call('ZSCORE', k.dead, id) then
+      seen[id] = true
+      ids[#ids + 1] = id
+    end
   end
 else
-  local popped = redis.call('ZPOPMIN', k.dead, tonumber(ARGV[7]))
-  for i = 1, #popped, 2 do ids[#ids + 1] = popped[i] end
+  local oldest = redis.call('ZRANGE', k.dead, 0, limit - 1)
+  for i = 1, #oldest do ids[#ids + 1] = oldest[i] end
 end
+local metas, found = {}, {}
+for j, id in ipairs(ids) do
+  metas[j] = meta_get(k.meta, id) or meta_new(1, 0)
+  found[j] = INLINE or redis.call('HEXISTS', k.payloads, id) == 1
+end
+
 local replayed = 0
-for _, id in ipairs(ids) do
-  local m = meta_get(k.meta, id) or meta_new(1, 0)
+for j, id in ipairs(ids) do
+  redis.call('ZREM', k.dead, id)
+  local m = metas[j]
   m.n, m.a, m.x, m.d, m.e = 0, 0, 0, 0, ''
-  if (INLINE or redis.call('HEXISTS', k.payloads, id) == 1) and to_ready(k, id, m, false) then
+  if found[j] and to_ready(k, id, m, false) then
     replayed = replayed + 1
   else
-    redis.call('HDEL', k.meta, id)
+    forget_record(k, id)
   end
 end
 fix_door(k.levels)

@@ -9,8 +9,12 @@
 -- for among the first 1,000 entries from the head (constants.BELL_SCAN), where it sits (it
 -- is rung into an empty list, and only hand-backs are pushed before it), so that the cost
 -- stays O(1) in the queue's length; one deeper still would count once.
+-- FLAGS: no-writes (read-only: a full server and a replica run it)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include ready
 
+args_exactly(6)
 local ready = 0
 for i = 6, #KEYS do ready = ready + redis.call('LLEN', KEYS[i]) end
 if redis.call('LPOS', KEYS[6], BELL, 'RANK', HEAD_LEFT and 1 or -1, 'MAXLEN', 1000) then

@@ -16,6 +16,9 @@
 -- ARGV[7] limit    bound on each step
 -- ARGV[8] grace_ms length of a provisional lease (ms)
 -- Returns {1, reclaimed, dead_lettered, adopted, promoted, orphans_found}.
+-- FLAGS: allow-oom (a full server still runs it: recovery never stops)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include claim_keys
 -- @include memo
@@ -23,8 +26,9 @@
 -- @include recover
 
 local k = claim_keys()
-local limit = tonumber(ARGV[7])
-local grace_ms = tonumber(ARGV[8])
+args_exactly(8)
+local limit = int_arg(7, 'limit', 1)
+local grace_ms = int_arg(8, 'grace_ms', 1)
 local now = now_ms()
 
 local reclaimed, died, adopted = sweep_expired(k, now, limit)

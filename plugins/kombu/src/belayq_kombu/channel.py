@@ -322,7 +322,9 @@ class Channel(stock.Channel):  # type: ignore[misc]
         return int(self.queue(queue).stats()["ready"])
 
     def _purge(self, queue: str) -> int:
-        return int(self.queue(queue).purge())
+        # Ready messages only, as ``celery purge`` on a stock fleet: countdown/ETA tasks
+        # wait in the workers' memory there, and here in the delayed set; neither is purged.
+        return int(self.queue(queue).purge(delayed=False))
 
     def _delete(self, queue: str, *args: Any, **kwargs: Any) -> None:
         """Delete the queue's messages and, unless some are claimed, its keys and queue

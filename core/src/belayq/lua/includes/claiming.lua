@@ -7,11 +7,13 @@
 -- @include ready
 -- @include take
 
--- The arguments of claim.lua and lease.lua (ARGV[7..12], described in claim.lua).
-local function claim_args()
-  return {lease_ms = tonumber(ARGV[7]), want = tonumber(ARGV[8]),
-    floor_every = tonumber(ARGV[9]), sweep_limit = tonumber(ARGV[10]), nonce = ARGV[11],
-    starts = ARGV[12] == '1'}
+-- The arguments of claim.lua and lease.lua (ARGV[7..12], described in claim.lua), checked;
+-- `total` is how many arguments the script takes in all.
+local function claim_args(total)
+  args_exactly(total)
+  return {lease_ms = int_arg(7, 'lease_ms', 1), want = int_arg(8, 'count', 1),
+    floor_every = int_arg(9, 'floor_every', 0), sweep_limit = int_arg(10, 'sweep_limit', 1),
+    nonce = text_arg(11, 'nonce'), starts = flag_arg(12, 'starts')}
 end
 
 -- Claim up to `want` ready entries with leases, appending the deliveries to `out`. Tokens
@@ -26,7 +28,7 @@ local function claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, o
     local entry = pop_head(k.levels[lvl])
     if not entry then break end
     if entry ~= BELL then
-      local d = take(k, id_of(entry), entry, lvl, now, lease_ms, nonce .. #out, starts)
+      local d = take(k, entry, lvl, now, lease_ms, nonce .. #out, starts, false)
       if d then
         for _, v in ipairs(d) do out[#out + 1] = v end
         got = got + 1

@@ -6,7 +6,7 @@
 local SCHEMA = '2'
 
 local function count(stats, field, by)
-  if by == 0 then return end
+  if by == 0 or TRANSIENT then return end
   if redis.call('HINCRBY', stats, field, by) == by then
     redis.call('HSETNX', stats, 'schema', SCHEMA)
   end

@@ -17,9 +17,10 @@ local function emit(k, event, id, m, reason, now)
   if not EVENTS then return end
   local body = {event = event, id = id, deliveries = m.n, attempts = m.a, ms = now}
   if reason and reason ~= '' then body.reason = reason end
-  redis.call(EVENTS, string.sub(k.stats, 1, -6) .. 'events', cjson.encode(body))
+  redis.call(EVENTS, events_channel(k.stats), cjson.encode(body))
 end
 
+-- @when history
 local function note_history(key, id, m, field, text, payload, now)
   if HISTORY_MAX == 0 or not key then return end
   local head = {id = id, deliveries = m.n, attempts = m.a, published_ms = m.u, finished_ms = now}

@@ -12,11 +12,15 @@ local function memo_get(memo, memo_exp, field, now)
   return value
 end
 
+-- Lua unpacks a bounded number of values at once: the records go in slices.
+local MEMO_SLICE = 500
+
 local function memo_trim(memo, memo_exp, now, limit)
   local old = redis.call('ZRANGEBYSCORE', memo_exp, '-inf', now, 'LIMIT', 0, limit)
-  if #old > 0 then
-    redis.call('HDEL', memo, unpack(old))
-    redis.call('ZREM', memo_exp, unpack(old))
+  for i = 1, #old, MEMO_SLICE do
+    local last = math.min(i + MEMO_SLICE - 1, #old)
+    redis.call('HDEL', memo, unpack(old, i, last))
+    redis.call('ZREM', memo_exp, unpack(old, i, last))
   end
   return #old
 end

@@ -57,7 +57,7 @@ local function pick_level(levels, stats, floor_every)
       break
     end
   end
-  if not top or floor_every <= 0 then return top end
+  if not top or floor_every <= 0 or TRANSIENT then return top end
   count(stats, 'floor_seq', 1)
   if tonumber(redis.call('HGET', stats, 'floor_seq')) % floor_every == 0 then
     for i = #levels, top + 1, -1 do

@@ -1,6 +1,7 @@
 -- recover.lua: the bounded recovery steps that every claim and every sweep runs.
 -- `k` holds processing, leases, delayed, dead, meta, payloads, stats and levels.
 -- @include context
+-- @include copies
 -- @include counters
 -- @include ids
 -- @include meta
@@ -11,7 +12,9 @@
 -- dead-lettered after max_deliveries); one that never started goes back uncounted. A
 -- provisional lease (token '0': an entry BLMOVE-d by a claimer that vanished before its
 -- lease) puts the entry back from the landing zone and counts a lost landing, so an entry
--- that kills every consumer that receives it is dead-lettered too.
+-- that kills every consumer that receives it is dead-lettered too. Inline, a provisional
+-- copy whose entry is no longer in the landing zone (an identical entry's claimer took it
+-- under another copy's record) is only forgotten: that entry is held already.
 -- Returns reclaimed, dead-lettered, adopted.
 local function sweep_expired(k, now, limit)
   local ids = redis.call('ZRANGEBYSCORE', k.leases, '-inf', now, 'LIMIT', 0, limit)
@@ -25,9 +28,12 @@ local function sweep_expired(k, now, limit)
     elseif m.t == '0' then
       redis.call('ZREM', k.leases, id)
       local entry = INLINE and redis.call('HGET', k.payloads, id) or id
-      if entry then redis.call('LREM', k.processing, -1, entry) end
+      local landed = entry and redis.call('LREM', k.processing, -1, entry) > 0
       m.x = m.x + 1
-      if m.x >= MAX_DELIVERIES then
+      if INLINE and entry and not landed then
+        forget_record(k, id)
+        redis.call('HDEL', k.payloads, id)
+      elseif m.x >= MAX_DELIVERIES then
         dead_letter(k, id, m, 'its consumers vanished between receiving it and leasing it ' ..
           m.x .. ' times (max_deliveries=' .. MAX_DELIVERIES .. ')', now)
         died = died + 1
@@ -46,26 +52,66 @@ local function sweep_expired(k, now, limit)
   return reclaimed, died, adopted
 end
 
+local function lease_provisionally(k, id, m, entry, now, grace_ms)
+  m = m or meta_new(1, 0)
+  m.t, m.s = '0', false
+  meta_put(k.meta, id, m)
+  if INLINE then redis.call('HSET', k.payloads, id, entry) end
+  redis.call('ZADD', k.leases, now + grace_ms, id)
+end
+
+-- Inline: give the copies of `entry` (`plain` its id) that land `landed` times as many
+-- provisional leases, reusing waiting copies' records first. Returns how many it gave.
+local function adopt_copies(k, entry, plain, landed, now, grace_ms)
+  local copies = copies_of(k, plain)
+  local waiting, free = {}, {}
+  for _, c in ipairs(copies) do
+    if c.state == 'landing' then
+      landed = landed - 1
+    elseif c.state == 'waiting' then
+      waiting[#waiting + 1] = c
+    elseif c.state == 'free' then
+      free[#free + 1] = c
+    end
+  end
+  local given = 0
+  for _, c in ipairs(waiting) do
+    if landed <= 0 then return given end
+    lease_provisionally(k, c.id, c.m, entry, now, grace_ms)
+    landed, given = landed - 1, given + 1
+  end
+  for _, c in ipairs(free) do
+    if landed <= 0 then return given end
+    lease_provisionally(k, c.id, nil, entry, now, grace_ms)
+    landed, given = landed - 1, given + 1
+  end
+  while landed > 0 do
+    lease_provisionally(k, copy_next(k, plain, copies), nil, entry, now, grace_ms)
+    landed, given = landed - 1, given + 1
+  end
+  return given
+end
+
 -- Give up to `limit` entries that sit in the landing zone with no lease (their claimer may
 -- have died between BLMOVE and its lease) a provisional lease of `grace_ms`; the claimer's
 -- own lease script takes it over if it arrives in time. Returns how many were found.
 local function adopt_landing(k, now, limit, grace_ms)
   if redis.call('LLEN', k.processing) == 0 then return 0 end
   local found = 0
+  local landed, order = {}, {}
   for _, entry in ipairs(redis.call('LRANGE', k.processing, -limit, -1)) do
     if entry == BELL then
       redis.call('LREM', k.processing, 0, BELL)
-    else
-      local id = id_of(entry)
-      if not redis.call('ZSCORE', k.leases, id) then
-        local m = meta_get(k.meta, id) or meta_new(1, 0)
-        m.t, m.s = '0', false
-        meta_put(k.meta, id, m)
-        if INLINE then redis.call('HSET', k.payloads, id, entry) end
-        redis.call('ZADD', k.leases, now + grace_ms, id)
-        found = found + 1
-      end
+    elseif INLINE then
+      if not landed[entry] then order[#order + 1] = entry end
+      landed[entry] = (landed[entry] or 0) + 1
+    elseif not redis.call('ZSCORE', k.leases, entry) then
+      lease_provisionally(k, entry, meta_get(k.meta, entry), entry, now, grace_ms)
+      found = found + 1
     end
+  end
+  for _, entry in ipairs(order) do
+    found = found + adopt_copies(k, entry, id_of(entry), landed[entry], now, grace_ms)
   end
   count(k.stats, 'orphans_found', found)
   return found

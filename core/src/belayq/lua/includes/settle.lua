@@ -1,6 +1,7 @@
 -- settle.lua: where a message goes when no claim holds it any more.
 -- `k` is the script's table of keys (leases, delayed, dead, meta, payloads, stats, levels).
 -- @include context
+-- @include copies
 -- @include counters
 -- @include history
 -- @include meta
@@ -14,7 +15,7 @@ local function to_ready(k, id, m, front)
   if INLINE then
     entry = redis.call('HGET', k.payloads, id)
     if not entry then
-      redis.call('HDEL', k.meta, id)
+      forget_record(k, id)
       count(k.stats, 'malformed', 1)
       return false
     end
@@ -24,7 +25,7 @@ local function to_ready(k, id, m, front)
   if front then push_head(list, entry) else push_tail(list, entry) end
   m.t, m.s = '', false
   if m.n == 0 and m.a == 0 and m.x == 0 and m.e == '' then
-    redis.call('HDEL', k.meta, id)
+    forget_record(k, id)
   else
     meta_put(k.meta, id, m)
   end
@@ -47,7 +48,7 @@ local function dead_letter(k, id, m, reason, now)
   if over > 0 then
     local old = redis.call('ZPOPMIN', k.dead, over)
     for i = 1, #old, 2 do
-      redis.call('HDEL', k.meta, old[i])
+      forget_record(k, old[i])
       redis.call('HDEL', k.payloads, old[i])
     end
     count(k.stats, 'dead_dropped', over)

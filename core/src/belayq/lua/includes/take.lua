@@ -1,26 +1,39 @@
 -- take.lua: register the lease of an entry taken off a ready list or out of the landing zone.
 -- @include context
+-- @include copies
 -- @include counters
+-- @include ids
 -- @include meta
 -- @include settle
 
--- Lease entry `entry` (message `id`, from level `lvl`) to the claim `token` until
--- now + lease_ms; `starts`: the claim counts as a started attempt at once. Returns the
+-- Lease entry `entry`, taken off level `lvl` (or out of the landing zone: `landing`), to the
+-- claim `token` until now + lease_ms; `starts`: the claim counts as a started attempt at
+-- once. Inline, each identical entry is its own message (includes/copies.lua). Returns the
 -- delivery {id, payload, token, deliveries, attempts}, or nil when there is nothing to
--- deliver: an identical entry is already held (the list held it twice: this copy is
--- dropped), or an id whose payload is gone (dead-lettered).
-local function take(k, id, entry, lvl, now, lease_ms, token, starts)
-  local m = meta_get(k.meta, id)
-  if m and m.t ~= '' and m.t ~= '0' then
-    count(k.stats, 'duplicates_dropped', 1)
-    return nil
-  end
-  if m and m.d > 0 and redis.call('ZSCORE', k.dead, id) then
-    -- An inline entry pushed again while its identical copy is dead: it is resubmitted, as
-    -- replay_dead would do, and its dead letter goes (one id cannot be in two states).
-    redis.call('ZREM', k.dead, id)
-    m = nil
-    count(k.stats, 'resubmitted', 1)
+-- deliver: an id whose message is already held (an id list that held it twice: this entry
+-- is dropped), or an id whose payload is gone (dead-lettered).
+local function take(k, entry, lvl, now, lease_ms, token, starts, landing)
+  local id, m
+  if INLINE then
+    id, m = copy_taken(k, id_of(entry), landing)
+    if not id then
+      count(k.stats, 'duplicates_dropped', 1)
+      return nil
+    end
+  else
+    id = entry
+    m = meta_get(k.meta, id)
+    if m and m.t ~= '' and m.t ~= '0' then
+      count(k.stats, 'duplicates_dropped', 1)
+      return nil
+    end
+    if m and m.d > 0 and redis.call('ZSCORE', k.dead, id) then
+      -- An id pushed again by hand while it is dead: it is resubmitted, as replay_dead
+      -- would do, and its dead letter goes (one id cannot be in two states).
+      redis.call('ZREM', k.dead, id)
+      m = nil
+      count(k.stats, 'resubmitted', 1)
+    end
   end
   m = m or meta_new(lvl, 0)
   m.l = lvl
