@@ -132,7 +132,7 @@ def test_purge_and_drop_ask_first(client: redis.Redis, url: str, capsys: Any,
     assert code == 1 and q.stats()["ready"] == 2500
     monkeypatch.setattr("builtins.input", lambda prompt: "doomed")
     code, out, err = run(capsys, "purge", "--url", url, "doomed")
-    assert code == 0 and "purged 2500" in out and "purged..." in err  # progress per batch
+    assert code == 0 and "2500 ready" in out and "purged..." in err  # progress per batch
     q.publish(b"y")
     [d] = q.claim(timeout=0)
     code, _, err = run(capsys, "drop", "--url", url, "doomed", "--yes")

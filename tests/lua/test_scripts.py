@@ -1107,14 +1107,14 @@ class TestPurge:
     def test_in_batches(self, q: ReliableQueue) -> None:
         q.publish_many([b"1", b"2", b"3"])
         q.publish(b"later", delay_ms=10_000)
-        assert q._scripts.run("purge", 2, "1") == [2, 0, 1]
-        assert q._scripts.run("purge", 2, "1") == [1, 1, 0]
-        assert q._scripts.run("purge", 2, "1") == [0, 0, 0]
+        assert q._scripts.run("purge", 2, "1", "0") == [2, 0, 1]
+        assert q._scripts.run("purge", 2, "1", "0") == [1, 1, 0]
+        assert q._scripts.run("purge", 2, "1", "0") == [0, 0, 0]
 
     def test_ready_only_leaves_the_delayed_set(self, q: ReliableQueue) -> None:
         q.publish_many([b"1", b"2"])
         q.publish(b"later", delay_ms=10_000)
-        assert q._scripts.run("purge", 5, "0") == [2, 0, 0]
+        assert q._scripts.run("purge", 5, "0", "0") == [2, 0, 0]
         assert q.client.zcard(q.keys.delayed) == 1
 
     def test_purge_loops_over_batches(self, q: ReliableQueue) -> None:

@@ -181,7 +181,8 @@ class QueueAdmin:
 
     @_redis_errors
     def purge(
-        self, on_batch: Callable[[int], Any] | None = None, *, delayed: bool = True
+        self, on_batch: Callable[[int], Any] | None = None, *, delayed: bool = True,
+        on_entries: Callable[[list[bytes]], Any] | None = None,
     ) -> Purged:
         """Delete the waiting messages, in batches of 1,000 so no script holds Redis for
         long: the ready ones, and the delayed ones too unless ``delayed=False`` (a consumer
@@ -192,21 +193,28 @@ class QueueAdmin:
         Args:
             on_batch: Called with the count so far after each batch.
             delayed: Delete the delayed messages as well.
+            on_entries: Called with each batch's purged ready list entries (RQ's job ids),
+                for a framework that keeps a record per entry beside the list.
 
         Returns:
             :class:`Purged`: the total (an int), with ``ready`` and ``delayed`` apart.
 
         Raises:
-            ConfigError: An ``on_batch`` that is not callable, or ``delayed`` not a bool.
+            ConfigError: An ``on_batch`` or ``on_entries`` that is not callable, or
+                ``delayed`` not a bool.
         """
-        if on_batch is not None and not callable(on_batch):
-            raise ConfigError(f"on_batch must be callable or None, got {on_batch!r}")
+        for name, fn in (("on_batch", on_batch), ("on_entries", on_entries)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name} must be callable or None, got {fn!r}")
         if not isinstance(delayed, bool):
             raise ConfigError(f"delayed must be True or False, got {delayed!r}")
         ready_total = delayed_total = 0
         while True:
-            reply = self._scripts.run("purge", PURGE_BATCH, "1" if delayed else "0")
-            ready, later, more = (int(x) for x in reply)
+            reply = self._scripts.run("purge", PURGE_BATCH, "1" if delayed else "0",
+                                      "0" if on_entries is None else "1")
+            ready, later, more = (int(x) for x in reply[:3])
+            if on_entries is not None and len(reply) > 3:
+                on_entries([bytes(e) for e in reply[3:]])
             ready_total, delayed_total = ready_total + ready, delayed_total + later
             if not more or not ready + later:
                 return Purged(ready_total, delayed_total)

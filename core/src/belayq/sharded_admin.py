@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .admin import Purged
 from .config import QueueConfig
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
@@ -76,25 +77,28 @@ class ShardedAdmin:
             by_shard.setdefault(shard, []).append(msg_id)
         return sum(self._by_name[s].replay_dead(chunk) for s, chunk in by_shard.items())
 
-    def purge(self, on_batch: Callable[[int], Any] | None = None) -> int:
-        """Delete every waiting message of every shard; returns how many (``on_batch``:
-        called with the running total after each batch)."""
-        total = 0
+    def purge(
+        self, on_batch: Callable[[int], Any] | None = None, *, delayed: bool = True,
+        on_entries: Callable[[list[bytes]], Any] | None = None,
+    ) -> Purged:
+        """As :meth:`ReliableQueue.purge`, over every shard (``on_batch`` gets the running
+        total of the logical queue)."""
+        ready = later = 0
         for q in self.shards:
-            before = total
+            before = ready + later
 
             def progress(n: int, before: int = before) -> None:
                 if on_batch is not None:
                     on_batch(before + n)
 
-            total += q.purge(progress)
-        return total
+            got = q.purge(progress, delayed=delayed, on_entries=on_entries)
+            ready, later = ready + got.ready, later + got.delayed
+        return Purged(ready, later)
 
     @_redis_errors
     def drop(self) -> bool:
         """Delete every shard, the recorded shard count and the queue's record in the
-        registry. Refused (False, nothing deleted)
-        while any shard has a message claimed."""
+        registry. Refused (False, nothing deleted) while any shard has a message claimed."""
         if any(s["in_flight"] or s["landing"] for s in self.shard_stats().values()):
             return False
         if not all([q.drop() for q in self.shards]):

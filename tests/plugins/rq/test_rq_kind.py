@@ -33,3 +33,26 @@ def test_delayed_shows_the_jobs_rqs_scheduler_holds(
     assert [r["id"] for r in rows] == [sooner.id, later.id]
     assert 50 < rows[0]["due_in_s"] <= 60 and 290 < rows[1]["due_in_s"] <= 300
     assert rows[0]["task"] == "tests.plugins.rq.jobs.add" and rows[0]["held_by"] == "rq scheduler"
+
+
+def test_purge_does_what_rq_empty_does(
+    conn: redis.Redis, rq_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from belayq_rq import Queue
+
+    q = Queue("bulk", connection=conn)
+    jobs = [q.enqueue("tests.plugins.rq.jobs.add", i, i) for i in range(1500)]
+    later = q.enqueue_in(timedelta(minutes=5), "tests.plugins.rq.jobs.add", 0, 0)
+    held = q.belayq().claim(timeout=0)  # a job a worker holds: not waiting, not purged
+    assert [d.payload.decode() for d in held] == [jobs[0].id]
+    code, out, err = run(capsys, "purge", "--url", rq_url, "bulk", "--yes", "--json")
+    assert code == 0, err
+    counts = json.loads(out)
+    assert counts["ready"] == 1499 and counts["job_keys_deleted"] == 1499
+    assert conn.llen("rq:queue:bulk") == 0
+    assert not any(conn.exists(f"rq:job:{j.id}") for j in jobs[1:])
+    assert conn.exists(f"rq:job:{jobs[0].id}") and conn.exists(f"rq:job:{later.id}")
+    code, out, err = run(capsys, "purge", "--url", rq_url, "bulk", "--yes", "--delayed",
+                         "--json")
+    assert code == 0 and json.loads(out)["scheduled"] == 1 and not conn.exists(
+        f"rq:job:{later.id}")

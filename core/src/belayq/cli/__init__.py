@@ -8,7 +8,7 @@
     belayq dead     --url ... QUEUE [--limit 50]     dead letters with their reasons
     belayq history  --url ... QUEUE [--failed]       the last finished (history_max)
     belayq replay   --url ... QUEUE (--all | --id ID ... | --reason TEXT)
-    belayq purge    --url ... QUEUE [--yes]          delete every waiting message
+    belayq purge    --url ... QUEUE [--delayed] [--yes]   delete the ready messages
     belayq drop     --url ... QUEUE [--yes]          delete the queue (refused while claimed)
     belayq watch    --url ... [QUEUE ...] [--interval 1]
     belayq exporter --url ... [QUEUE ...] [--port 9808]   Prometheus metrics
@@ -38,6 +38,7 @@ import redis
 
 from ..discovery import KNOWN_KINDS, Found, find, layout_of, list_queues, open_found
 from ..errors import BelayqError, ConfigError
+from ..kinds import tools_for
 from ..sharded import AnyQueue, ShardedQueue
 from . import views
 from .targets import CliError, connect, kind_filter, redact
@@ -75,6 +76,10 @@ def _parser() -> argparse.ArgumentParser:
             what.add_argument("--reason", help="dead letters whose reason holds this text")
         if name in ("purge", "drop"):
             p.add_argument("--yes", action="store_true", help="do not ask")
+        if name == "purge":
+            p.add_argument("--delayed", action="store_true", help="delete the delayed "
+                           "messages too (countdowns, ETAs, retry backoffs; RQ's scheduled "
+                           "jobs): kept by default, as a running stock fleet keeps them")
         if name == "watch":
             p.add_argument("--interval", type=float, default=1.0)
             p.add_argument("--count", type=int, default=0, help="stop after N views (0: never)")
@@ -234,14 +239,37 @@ def _confirmed(args: argparse.Namespace, what: str) -> bool:
 
 
 def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
+    found, q = _queue(client, args)
+    tools = tools_for(found.kind)
+    if found.kind in FRAMEWORK_PURGE and tools is None:
+        raise CliError(f"purging a queue of kind {found.kind} deletes what its framework keeps "
+                       f"beside it ({FRAMEWORK_PURGE[found.kind]}): install its adapter "
+                       f"(pip install belayq-{found.kind}) to purge it")
     waiting = q.stats()
-    if not _confirmed(args, f"delete the {waiting['ready'] + waiting['delayed']} waiting "
-                            f"message(s) of {q.name}"):
+    what = (f"{waiting['ready'] + waiting['delayed']} waiting (ready and delayed)"
+            if args.delayed else f"{waiting['ready']} ready")
+    if not _confirmed(args, f"delete the {what} message(s) of {q.name}"):
         print("not confirmed: nothing deleted", file=sys.stderr)
         return 1
-    print(f"purged {q.purge(on_batch=_progress)} message(s) of {q.name}")
+    if tools is not None:
+        counts = tools.purge(q, delayed=args.delayed)
+    else:
+        purged = q.purge(on_batch=_progress, delayed=args.delayed)
+        counts = {"ready": purged.ready, "delayed": purged.delayed}
+    if args.json:
+        print(json.dumps({"queue": q.name, "kind": found.kind, **counts}))
+        return 0
+    print(f"purged {q.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in
+                                           counts.items()))
+    if not args.delayed and waiting["delayed"]:
+        print(f"kept {waiting['delayed']} delayed message(s): `belayq purge --delayed` "
+              "deletes them too")
     return 0
+
+
+#: Kinds whose framework keeps a record per message beside the list: their purge needs the
+#: adapter (:mod:`belayq.kinds`).
+FRAMEWORK_PURGE = {"rq": "the job hashes, as `rq empty` does"}
 
 
 def _progress(done: int) -> None:

@@ -13,8 +13,10 @@
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages deleted by this call
 -- ARGV[8] delayed    '1': delayed messages too; '0': ready ones only
--- Returns {ready purged, delayed purged, more}: more is 1 when messages of the kinds asked
--- for are left (call again).
+-- ARGV[9] entries    '1': the reply also holds the purged ready list entries (a framework
+--                    that keeps a record per entry deletes those, as RQ's job hashes)
+-- Returns {ready purged, delayed purged, more, entry1, entry2, ...}: more is 1 when
+-- messages of the kinds asked for are left (call again); the entries only when asked.
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
@@ -26,9 +28,11 @@
 
 local delayed, leases, dead, meta, payloads, stats =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-args_exactly(8)
+args_exactly(9)
 local limit = int_arg(7, 'limit', 1)
 local with_delayed = flag_arg(8, 'delayed')
+local with_entries = flag_arg(9, 'entries')
+local entries = {}
 local purged = 0
 
 local function forget(id)
@@ -57,6 +61,7 @@ for i = 7, #KEYS do
       if entry ~= BELL then
         purged = purged + 1
         forget_entry(entry)
+        if with_entries then entries[#entries + 1] = entry end
       end
     end
   end
@@ -72,4 +77,6 @@ end
 count(stats, 'purged', purged)
 local more = with_delayed and redis.call('ZCARD', delayed) or 0
 for i = 7, #KEYS do more = more + redis.call('LLEN', KEYS[i]) end
-return {ready_purged, purged - ready_purged, more > 0 and 1 or 0}
+local out = {ready_purged, purged - ready_purged, more > 0 and 1 or 0}
+for _, entry in ipairs(entries) do out[#out + 1] = entry end
+return out

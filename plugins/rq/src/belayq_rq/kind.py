@@ -4,6 +4,8 @@ beside its queue list, through RQ's own API.
 * ``belayq delayed`` (and the dashboard) shows the jobs RQ's scheduler holds back in the
   queue's ``ScheduledJobRegistry`` (``enqueue_in``/``enqueue_at``, and retries with an
   interval), beside belayq's own delayed messages.
+* ``belayq purge`` does what ``rq empty`` does: the queued jobs go with their job hashes
+  (and their dependents' lists); with ``--delayed``, the scheduled jobs too.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.registry import ScheduledJobRegistry
 
@@ -19,6 +22,30 @@ from belayq.sharded import AnyQueue
 
 class RQTools:
     """The tools' RQ-specific work (see :class:`belayq.kinds.KindTools`)."""
+
+    def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
+        client = queue.client
+        hashes = 0
+
+        def delete_jobs(job_ids: list[bytes]) -> None:
+            nonlocal hashes
+            keys = [key for raw in job_ids for job_id in [raw.decode("utf-8", "replace")]
+                    for key in (Job.key_for(job_id), Job.dependents_key_for(job_id))]
+            if keys:
+                hashes += int(client.delete(*keys))
+
+        purged = queue.purge(delayed=delayed, on_entries=delete_jobs)
+        scheduled = 0
+        if delayed:
+            registry = ScheduledJobRegistry(queue.name, connection=client)  # type: ignore[no-untyped-call]
+            for job_id in registry.get_job_ids():
+                try:
+                    registry.remove(job_id, delete_job=True)
+                except NoSuchJobError:  # its hash is gone already: the entry alone
+                    registry.remove(job_id)
+                scheduled += 1
+        return {"ready": purged.ready, "delayed": purged.delayed, "scheduled": scheduled,
+                "job_keys_deleted": hashes}
 
     def delayed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
         registry = ScheduledJobRegistry(queue.name, connection=queue.client)  # type: ignore[no-untyped-call]
