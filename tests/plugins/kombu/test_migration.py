@@ -103,10 +103,33 @@ def test_rollback_returns_what_dead_belayq_workers_held(url: str, stock_url: str
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "4 ready in kombu's lists, 0 still leased, 1 dead letters replayed" in out.stdout
+    assert "4 ready in kombu's lists (0 of them tasks whose countdown or ETA had not come), " \
+        "0 still leased, 1 dead letters replayed" in out.stdout
     with kombu.Connection(stock_url) as conn:
         got = drain(conn, [q], 4, prefetch_count=1)
     assert sorted(m.payload["n"] for m in got) == [0, 1, 2, 3]
+
+
+def test_rollback_returns_countdown_tasks_to_kombus_lists(
+    url: str, stock_url: str, port: int, kq: str
+) -> None:
+    from celery import Celery
+
+    app = Celery("producer", broker=url)
+    app.send_task("proj.later", (1,), queue=kq, countdown=3600)
+    app.send_task("proj.now", (2,), queue=kq)
+    assert (stats(port, kq)["delayed"], redis.Redis(port=port).llen(kq)) == (1, 1)
+    out = subprocess.run(
+        [sys.executable, "-m", "belayq_kombu", "rollback", "--url", url, "--queue", kq],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr  # nothing is leased: no worker runs
+    assert "2 ready in kombu's lists (1 of them tasks whose countdown or ETA had not come), " \
+        "0 still leased" in out.stdout
+    with kombu.Connection(stock_url) as conn:  # a stock worker takes both; it holds the ETA
+        got = drain(conn, [kombu.Queue(kq, routing_key=kq)], 2, prefetch_count=2)
+    assert sorted(m.headers["task"] for m in got) == ["proj.later", "proj.now"]
+    assert stats(port, kq)["delayed"] == 0
 
 
 def test_rollback_refuses_while_a_worker_still_holds_leases(url: str, port: int, kq: str) -> None:

@@ -4,8 +4,10 @@ The general command is ``belayq`` (``belayq dead --url belayq://... celery``); t
 for the queues a worker's transport options lay out differently (``global_keyprefix``,
 ``priority_steps``, ``sep``), which they read, and for ``rollback``.
 
-Every command opens the queues through the transport itself, so it finds the same lists a
-worker with the same URL and options uses::
+Every command opens a queue as belayq's registry records it (its lists, its lease, its
+limits), and writes nothing there; a queue no belayq process has recorded is opened in the
+layout the transport options give (``-o global_keyprefix=...``), as a worker with the same
+URL and options would lay it out::
 
     python -m belayq_kombu stats        --url belayq://host:6379/0 --queue celery
     python -m belayq_kombu dead-letters --url ... --queue celery [--limit 20]
@@ -13,12 +15,15 @@ worker with the same URL and options uses::
     python -m belayq_kombu rollback     --url ... --queue celery [--dead] [--wait 60]
 
 ``rollback`` is for going back to the stock ``redis://`` transport: stop the belayq workers
-first. belayq's ready lists already are kombu's lists, so waiting messages need nothing; the
-command returns what is in flight (leased by workers that are gone) to those lists as soon
-as the leases run out, and with ``--dead`` puts the dead letters back too. It exits 1 if
-something is still leased when ``--wait`` runs out (a belayq worker is still running).
-Transport options (``-o visibility_timeout=30``, values parsed as JSON) must match the
-workers' ``broker_transport_options`` where they name lists (``global_keyprefix``,
+first. belayq's ready lists already are kombu's lists, so waiting messages need nothing. The
+command puts the tasks whose countdown or ETA has not come (belayq keeps them in Redis, in
+the queue's delayed set, which stock workers never read) back in kombu's lists at once,
+where stock workers take them and hold them until their time, as they always did; it
+returns what is in flight (leased by workers that are gone) to those lists as soon as the
+leases run out; and with ``--dead`` it puts the dead letters back too. It exits 1 if a claim
+is still leased when ``--wait`` runs out (a belayq worker is still running). Transport
+options (``-o global_keyprefix=app:``, values parsed as JSON) must match the workers'
+``broker_transport_options`` where they name lists (``global_keyprefix``,
 ``priority_steps``, ``sep``).
 """
 
@@ -34,6 +39,7 @@ from typing import Any
 from kombu import connection as _connection
 
 from belayq.cli import views
+from belayq.discovery import NoQueue, find, open_found
 
 from . import register
 
@@ -86,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"lease + {ROLLBACK_SLACK_S:g})")
     args = parser.parse_args(argv)
     with _connect(args) as conn:
-        channel = conn.default_channel
-        queues = {name: channel.queue(name) for name in args.queue}
+        queues = {name: _recorded(conn.default_channel, name) for name in args.queue}
         if args.command == "stats":
             for name, rq in queues.items():
                 print(name, json.dumps(rq.stats(), sort_keys=True))
@@ -103,16 +108,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def _recorded(channel: Any, name: str) -> Any:
+    """Kombu queue ``name`` as the registry records it; else as the channel lays it out.
+    Written nowhere: no record, no lease keeper."""
+    client = channel.core_client
+    prefix = channel._core_options["prefix"]
+    try:
+        found = find(client, name, "kombu", prefix=prefix)
+    except NoQueue:
+        found = None
+    if found is not None and found.recorded:
+        return open_found(client, found, prefix=prefix)
+    return channel._new_queue_object(name, record=False, keeper=False)
+
+
 def _rollback(queues: dict[str, Any], dead: bool, wait: float | None) -> int:
+    promoted = {name: rq.promote_delayed() for name, rq in queues.items()}
     lease_s = max(rq.config.lease_ms for rq in queues.values()) / 1000
     default = lease_s * ROLLBACK_LEASES + ROLLBACK_SLACK_S
     deadline = time.monotonic() + (default if wait is None else wait)
     left: dict[str, int] = {}
     while True:
         for name, rq in queues.items():
-            rq.sweep()
+            if rq.limits_known:
+                rq.sweep()
             s = rq.stats()
-            left[name] = s["in_flight"] + s["delayed"]
+            promoted[name] += rq.promote_delayed() if s["delayed"] else 0
+            left[name] = s["in_flight"] + s["landing"]
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -120,8 +142,9 @@ def _rollback(queues: dict[str, Any], dead: bool, wait: float | None) -> int:
     for name, rq in queues.items():
         replayed = rq.replay_dead(limit=10**9) if dead else 0
         s = rq.stats()
-        print(f"{name}: {s['ready']} ready in kombu's lists, {left[name]} still leased, "
-              f"{replayed} dead letters replayed, {s['dead']} dead letters kept")
+        print(f"{name}: {s['ready']} ready in kombu's lists ({promoted[name]} of them tasks "
+              f"whose countdown or ETA had not come), {left[name]} still leased, {replayed} "
+              f"dead letters replayed, {s['dead']} dead letters kept")
         if left[name]:
             status = 1
     if status:
