@@ -182,6 +182,11 @@ class Channel(stock.Channel):  # type: ignore[misc]
         return rq
 
     def _new_queue_object(self, name: str, **options: Any) -> ReliableQueue:
+        if hidden("kombu", name):
+            # Celery's remote-control queues: a reply queue's name is new on every `celery
+            # inspect`; they keep no counters or memo and are not recorded, so nothing of
+            # them is left once their messages are taken.
+            options = {"transient": True, "record": False, **options}
         names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
         return ReliableQueue(self.core_client, name, ready_key=names[0], level_keys=names[1:],
                              kind="kombu", **{**self._core_options, **options})
