@@ -171,7 +171,10 @@ def test_a_consumer_of_several_nodes_keeps_claiming_while_one_node_is_away(
           "its publish")  # fmt: skip
     assert len(during) >= 5
     assert slowest < 1.0, sorted(during.items(), key=lambda x: -x[1])[:5]
-    assert idle and idle[0] < 25, f"{idle} sends in an idle second: a busy loop?"
+    # Looks at the away node are 0.5 s apart; each costs a few sends (CLUSTER SLOTS, the
+    # blocking claims on the other nodes, a keeper beat): 6 to 26 were seen on a loaded box.
+    # A loop that did not pause sends hundreds.
+    assert idle and idle[0] < 60, f"{idle} sends in an idle second: a busy loop?"
     assert consumer.claimed[after] - published[after] < 5
 
 
