@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -246,3 +248,17 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests import background
 
     background.stop_all()
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> Counter[threading.Thread]:
+    """What each thread sends (one count per command or pipeline), counted client-side."""
+    counts: Counter[threading.Thread] = Counter()
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counting(self: Any, command: Any, check_health: bool = True) -> None:
+        counts[threading.current_thread()] += 1
+        send(self, command, check_health)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    return counts

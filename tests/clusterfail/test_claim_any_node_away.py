@@ -28,10 +28,8 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
-import redis
 
 from belayq import ConnectionLost, ReliableQueue, ShardedQueue
 from belayq.claim_any import claim_any
@@ -89,17 +87,6 @@ class Consumer:
                 time.sleep(0.1)
 
 
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> Counter[threading.Thread]:
-    counts: Counter[threading.Thread] = Counter()
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        counts[threading.current_thread()] += 1
-        send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    return counts
 
 
 def test_a_consumer_of_several_nodes_keeps_claiming_while_one_node_is_away(

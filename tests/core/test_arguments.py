@@ -6,7 +6,7 @@ and 6.2."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,17 +14,6 @@ import redis
 
 from belayq import ConfigError, Delivery, ReliableQueue
 from belayq.errors import redis_errors, script_error
-from tests.conftest import make_client
-
-MODES = [("redis", None), ("redis", False), ("redis62", None)]
-
-
-@pytest.fixture(params=MODES, ids=["redis-functions", "redis-scripts", "redis62"])
-def q(request: pytest.FixtureRequest, make_queue: Any) -> Iterator[ReliableQueue]:
-    backend, functions = request.param
-    client = make_client(request, backend)
-    yield make_queue(client, lease_ms=5_000, max_deliveries=3, lua_functions=functions)
-    client.close()
 
 
 def snapshot(q: ReliableQueue) -> dict[str, bytes | None]:

@@ -16,7 +16,6 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
@@ -96,18 +95,6 @@ def watcher(tls_server: tuple[RedisServer, int, Path]) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture
-def sent(monkeypatch: pytest.MonkeyPatch) -> Counter[threading.Thread]:
-    """What each thread sends (one count per command or pipeline), counted client-side."""
-    counts: Counter[threading.Thread] = Counter()
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        counts[threading.current_thread()] += 1
-        send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
-    return counts
 
 
 def blocked(watcher: redis.Redis) -> int:

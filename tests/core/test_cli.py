@@ -6,49 +6,21 @@ metrics. Errors are one line and exit status 2; a password is never printed."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
 from belayq import ReliableQueue
-from belayq.cli import main
-from belayq.embedded import RedisServer, free_port
+from belayq.embedded import free_port
 from belayq.keys import kombu_layout, rq_layout
-from tests.conftest import client_of
+from tests.core.conftest import run, scrape_once
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def server(private_redis: RedisServer) -> Iterator[RedisServer]:
-    with client_of(private_redis) as c:
-        c.flushall()
-    yield private_redis
-
-
-@pytest.fixture
-def url(server: RedisServer) -> str:
-    return f"redis://127.0.0.1:{server.port}/0"
-
-
-@pytest.fixture
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    with client_of(server) as c:
-        yield c
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def rows(out: str) -> list[dict[str, Any]]:
@@ -164,25 +136,7 @@ def test_the_exporter_serves_prometheus_metrics(client: redis.Redis, url: str) -
     own.ack(d)
     own.claim(timeout=0)
     own.publish(b"waits")
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "belayq", "exporter", "--url", url,
-                             "--port", str(port)], env=env, stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and "exporter on" in proc.stdout.readline()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-    finally:
-        proc.kill()
-        proc.wait()
-    metrics = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-               for line in body.splitlines() if line.startswith("belayq_")}
+    metrics = scrape_once(url)
     assert metrics['belayq_acked_total{kind="belayq",queue="emails"}'] == 1
     assert metrics['belayq_published_total{kind="kombu",queue="celery"}'] == 1
     assert metrics['belayq_in_flight{kind="belayq",queue="emails"}'] == 1

@@ -4,23 +4,12 @@ claim do: the reply memo keeps the first reply for ``reply_window_ms``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from belayq import Delivery, ReliableQueue
-from tests.conftest import make_client
-
-MODES = [("redis", None), ("redis", False), ("redis62", None)]
-
-
-@pytest.fixture(params=MODES, ids=["redis-functions", "redis-scripts", "redis62"])
-def q(request: pytest.FixtureRequest, make_queue: Any) -> Iterator[ReliableQueue]:
-    backend, functions = request.param
-    client = make_client(request, backend)
-    yield make_queue(client, lease_ms=5_000, max_deliveries=3, lua_functions=functions)
-    client.close()
 
 
 def args_of(d: Delivery) -> dict[str, tuple[str, list[Any], Any]]:

@@ -214,19 +214,11 @@ def test_dedup_ids_hash_to_one_shard_so_dedup_still_holds(
 
 def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
     cluster_servers: RedisClusterServers, name: str, opened: list[ShardedQueue],
-    monkeypatch: pytest.MonkeyPatch,
+    sent: Counter[threading.Thread],
 ) -> None:  # fmt: skip
-    # What the consumer's thread sends, counted client-side (one send per command or
-    # pipeline): on the shared cluster, other tests' lease keepers may talk to the nodes, so
-    # the servers' own counters cannot tell this consumer's commands apart.
-    sent: Counter[threading.Thread] = Counter()
-    send = redis.connection.AbstractConnection.send_packed_command
-
-    def counting(self: Any, command: Any, check_health: bool = True) -> None:
-        sent[threading.current_thread()] += 1
-        send(self, command, check_health)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counting)
+    # What the consumer's thread sends is counted client-side (the `sent` fixture): on the
+    # shared cluster, other tests' lease keepers may talk to the nodes, so the servers' own
+    # counters cannot tell this consumer's commands apart.
     # The consumer's connections carry a name of their own, so the nodes' client lists tell
     # its BLMOVEs apart from any other client's, blocked or not, on the shared cluster.
     me = f"consumer-{name}"

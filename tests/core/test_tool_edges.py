@@ -5,42 +5,14 @@ queues only stock producers fill, honour ``--kind``, and label every series with
 from __future__ import annotations
 
 import json
-import sys
-import time
-from collections.abc import Iterator
 
 import pytest
 import redis
 
 from belayq import ReliableQueue
-from belayq.cli import main
 from belayq.embedded import RedisServer
 from belayq.keys import kombu_layout, rq_layout
-from tests.conftest import client_of
-
-
-@pytest.fixture
-def server(private_redis: RedisServer) -> Iterator[RedisServer]:
-    with client_of(private_redis) as c:
-        c.flushall()
-    yield private_redis
-
-
-@pytest.fixture
-def url(server: RedisServer) -> str:
-    return f"redis://127.0.0.1:{server.port}/0"
-
-
-@pytest.fixture
-def client(server: RedisServer) -> Iterator[redis.Redis]:
-    with client_of(server) as c:
-        yield c
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
+from tests.core.conftest import run, scrape_once
 
 
 def listed(capsys: pytest.CaptureFixture[str], url: str, *extra: str) -> set[tuple[str, str]]:
@@ -141,38 +113,6 @@ def test_kind_selects_what_is_listed_watched_and_exported(
     code, out, _ = run(capsys, "watch", "--url", url, "--kind", "belayq", "--count", "1",
                        "--interval", "0")
     assert code == 0 and "emails" in out and "celery" not in out and "default" not in out
-
-
-def scrape_once(url: str, *argv: str) -> dict[str, float]:
-    """One scrape of a real ``belayq exporter`` process."""
-    import subprocess
-    import urllib.request
-
-    from belayq.embedded import free_port
-
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "belayq", "exporter", "--url", url,
-                             "--port", str(port), *argv], stdout=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None and "exporter on" in proc.stdout.readline()
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read().decode()
-                break
-            except OSError:
-                assert time.monotonic() < deadline
-                time.sleep(0.1)
-    finally:
-        proc.kill()
-        proc.wait()
-    out: dict[str, float] = {}
-    for line in body.splitlines():
-        if line.startswith("belayq_"):
-            series, value = line.rsplit(" ", 1)
-            assert series not in out, f"two samples of {series}"
-            out[series] = float(value)
-    return out
 
 
 def test_same_named_queues_of_two_kinds_are_two_series(client: redis.Redis, url: str) -> None:
