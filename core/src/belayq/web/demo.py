@@ -1,4 +1,4 @@
-"""The demo's worker pool (the job-queue seed's): worker threads that claim, "work" for a
+"""The demo's worker pool: worker threads that claim, "work" for a
 set latency, then ack, fail (nack; dead after ``max_deliveries``) or hang.
 
 A hang is a simulated crash: the worker's queue object stops keeping its leases and the
@@ -22,7 +22,7 @@ import redis
 from ..errors import ConfigError
 from ..queue import ReliableQueue
 
-#: The job kinds the seed's page enqueues.
+#: The job kinds the demo page enqueues.
 KINDS = ("email", "webhook", "thumbnail", "invoice")
 #: The most workers, and jobs per enqueue, the page may ask for.
 MAX_WORKERS = 64
