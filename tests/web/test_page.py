@@ -2,7 +2,7 @@
 seed's run scripted through the page itself, read back from the page's own numbers; and the
 dashboard over a queue a real Celery producer fills.
 
-Set BELAYQ_SCREENSHOTS=DIR to keep the screenshots (the README's come from here)."""
+Set BELAYQ_SCREENSHOTS=DIR to keep the screenshots (the docs' come from here)."""
 
 from __future__ import annotations
 

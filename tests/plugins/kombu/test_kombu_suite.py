@@ -4,7 +4,7 @@ The mixins come from ``t/integration/common.py`` of the sdist of the *installed*
 downloaded from PyPI into ``.peer/`` when this module is collected (never committed). Each
 class runs twice, like kombu's ``test_redis.py``: plain and with ``global_keyprefix``.
 Cases that cannot pass are marked xfail here and listed with the reason in
-``plugins/kombu/README.md``.
+``docs/celery.md``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ class TestPriority(_mixin("BasePriority")):  # type: ignore[misc]
         strict=True,
         reason="belayq's core requeues a rejected message at the front of its priority list "
         "(it runs next); requeueing several in delivery order therefore reverses them, where "
-        "this test expects the stock transport's back-of-the-list order (see the README)",
+        "this test expects the stock transport's back-of-the-list order (see docs/celery.md)",
     )
     def test_publish_requeue_consume(self, connection: kombu.Connection) -> None:
         super().test_publish_requeue_consume(connection)
