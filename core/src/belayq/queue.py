@@ -25,6 +25,7 @@ from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
 from .models import Delivery, SweepResult
 from .publishing import Publishing
 from .registry import (
+    KEPT_FIELDS,
     LIMIT_FIELDS,
     QueueRecord,
     Registry,
@@ -95,7 +96,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         self.kind = check_kind(kind)
         self._record = record
         self._adopted = ready_key is not None
-        self._named = frozenset(options) & frozenset(LIMIT_FIELDS)
+        self._named = frozenset(options) & frozenset((*LIMIT_FIELDS, *KEPT_FIELDS))
         if ready_key is not None and "priority_steps" not in options:
             options["priority_steps"] = tuple(range(1 + len(level_keys or ())))
         self.config = QueueConfig(**options)
@@ -171,7 +172,8 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
     def _adopt(self, recorded: QueueRecord) -> None:
         """Take the limits other processes named where this one named none."""
         taken = {f: getattr(recorded, f) for f in recorded.named
-                 if f not in self._named and getattr(recorded, f) != getattr(self.config, f)}
+                 if f in LIMIT_FIELDS and f not in self._named
+                 and getattr(recorded, f) != getattr(self.config, f)}
         if taken:
             self.config = dataclasses.replace(self.config, **taken)
             self._scripts.config = self.config

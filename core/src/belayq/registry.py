@@ -19,6 +19,10 @@ A record holds two kinds of fields:
   that changed it, naming the old and new values; the record keeps who changed it and when.
   A process that names no limit takes the recorded ones (a producer that only publishes
   names none). Tools never write a record; they read it.
+* **What it keeps beside its messages** (:data:`KEPT_FIELDS`: the history, the events). The
+  latest process that names them is recorded, as for the limits, so that the tools can say
+  whether a queue keeps a history or publishes events; but each process keeps what it was
+  opened with (a process that names none keeps none), and a change warns no one.
 
 Queues that leave nothing behind on purpose (``transient``, as the Celery adapter's
 remote-control reply queues) are not recorded.
@@ -55,6 +59,8 @@ LAYOUT_FIELDS = ("ready_key", "level_keys", "priority_steps", "payload_in_list",
                  "shards")
 #: Fields that say how a queue treats its messages; the latest process that names them wins.
 LIMIT_FIELDS = ("lease_ms", "max_deliveries", "dead_letter_max", "exhausted")
+#: Fields that say what a queue's processes keep beside its messages; recorded for the tools.
+KEPT_FIELDS = ("history_max", "history_ttl_ms", "events")
 
 
 def check_kind(kind: str) -> str:
@@ -86,8 +92,13 @@ class QueueRecord:
         max_deliveries: Runs after which a failed message is dead-lettered.
         dead_letter_max: The cap of its dead-letter set.
         exhausted: What happens to a message out of runs (``dead`` or ``deliver``).
-        named: The limits some process named itself (the others are belayq's defaults,
-            which a process naming them sets without a warning).
+        history_max: How many finished messages of each outcome its processes keep (0: no
+            history); None when its record was written by a belayq that did not record it.
+        history_ttl_ms: How long a history list is kept after its last write (ms); None as
+            for ``history_max``.
+        events: Whether its processes publish events; None as for ``history_max``.
+        named: The limits (and kept fields) some process named itself (the others are
+            belayq's defaults, which a process naming them sets without a warning).
         facts: What its framework needs to find it again (kombu: the key prefix and the
             exchanges its lists are bound to).
         changed_ms: When the limits were last set (ms since the epoch, this host's clock).
@@ -106,6 +117,9 @@ class QueueRecord:
     max_deliveries: int
     dead_letter_max: int
     exhausted: str
+    history_max: int | None = None
+    history_ttl_ms: int | None = None
+    events: bool | None = None
     named: tuple[str, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
     changed_ms: int = 0
@@ -159,7 +173,9 @@ def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | Non
         priority_steps=config.priority_steps, payload_in_list=config.payload_in_list,
         ready_head=config.ready_head, shards=shards, lease_ms=config.lease_ms,
         max_deliveries=config.max_deliveries, dead_letter_max=config.dead_letter_max,
-        exhausted=config.exhausted, named=tuple(sorted(set(named) & set(LIMIT_FIELDS))),
+        exhausted=config.exhausted, history_max=config.history_max,
+        history_ttl_ms=config.history_ttl_ms, events=config.events,
+        named=tuple(sorted(set(named) & {*LIMIT_FIELDS, *KEPT_FIELDS})),
         facts=dict(facts or {}),
         changed_ms=int(time.time() * 1000), changed_by=f"{socket.gethostname()}:{os.getpid()}",
     )
@@ -207,13 +223,17 @@ class Registry:
             _check_layout(old, rec)
             changed = {f: (getattr(old, f), getattr(rec, f)) for f in rec.named
                        if getattr(old, f) != getattr(rec, f)}
+            # A record written before the kept fields were recorded learns them now.
+            changed.update({f: (None, getattr(rec, f)) for f in KEPT_FIELDS
+                            if getattr(old, f) is None and f not in changed})
             named = tuple(sorted(set(old.named) | set(rec.named)))
             if not changed and named == old.named:
                 return old
             new = replace(old, named=named, **{f: b for f, (_, b) in changed.items()})
-            if changed:
+            if any(f in LIMIT_FIELDS for f in changed):
                 new = replace(new, changed_ms=rec.changed_ms, changed_by=rec.changed_by)
-                loud = {f: ab for f, ab in changed.items() if f in old.named}
+                loud = {f: ab for f, ab in changed.items()
+                        if f in old.named and f in LIMIT_FIELDS}
                 if loud:
                     _warn_changed(rec, old, loud)
             self.client.hset(self.key, rec.field, new.to_json())
@@ -293,5 +313,5 @@ def _check_layout(old: QueueRecord, new: QueueRecord) -> None:
         raise ConfigError(
             f"queue {new.name!r} ({new.kind}) is laid out otherwise than this process asks "
             f"({shown}). Its messages are where the record says: open it that way. To lay "
-            f"it out anew, stop its processes, drain it, and `belayq drop` it first."
+            f"it out anew, shut its processes down, drain it, and `belayq drop` it first."
         )

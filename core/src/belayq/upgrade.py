@@ -5,7 +5,7 @@ in the processing list and a token counter in the stats hash. Schema 2 keeps per
 hashes (``meta``, ``payloads``), a dead-letter sorted set and no counter. The ready lists and
 the delayed set keep their names and entries, so stock producers may go on pushing.
 
-Stop every consumer of the old version first: their claims cannot be carried over (their
+Shut every consumer of the old version down first: their claims cannot be carried over (their
 tokens were counter values). Each message they held goes back to the head of its ready
 list; its earlier deliveries count as runs, except the interrupted one. Dedup windows and
 re-send replies of schema 1 are dropped. The upgrade is resumable: run it again after an
@@ -65,7 +65,7 @@ def upgrade_schema1(
     def level_list(level: int) -> str:
         return keys.levels[min(max(level, 1), len(keys.levels)) - 1]
 
-    # 1. Claims of the stopped consumers go back to the head of their levels.
+    # 1. Claims of the consumers shut down go back to the head of their levels.
     processing = keys.processing
     while True:
         entry = client.lindex(processing, -1)
