@@ -1,32 +1,11 @@
-"""``belayq``: see and steer belayq queues, whether belayq owns them or adopted Celery's
-(``belayq://``) or RQ's (``belayq_rq``) lists.
-
-    belayq queues   --url redis://host:6379/0
-    belayq stats    --url ... QUEUE [--kind belayq|kombu|rq]
-    belayq inspect  --url ... QUEUE [--limit 50]     claims held: lease left, runs, holder
-    belayq delayed  --url ... QUEUE [--limit 50]     waiting for their due time
-    belayq dead     --url ... QUEUE [--limit 50]     dead letters with their reasons
-    belayq history  --url ... QUEUE [--failed]       the last finished (history_max)
-    belayq replay   --url ... QUEUE (--all | --id ID ... | --reason TEXT)
-    belayq purge    --url ... QUEUE [--delayed] [--yes]   delete the ready messages
-    belayq drop     --url ... QUEUE [--yes]          delete the queue (refused while claimed)
-    belayq watch    --url ... [QUEUE ...] [--interval 1]
-    belayq exporter --url ... [QUEUE ...] [--port 9808]   Prometheus metrics
-    belayq dashboard --url ... [QUEUE ...] [--port 8790] [--host H --token T]   the page
-    belayq demo --web [--url ... | --redis-host H --redis-port P] [--visibility-ms 5000]
-    belayq upgrade  --url ... QUEUE [--kind kombu|rq]     schema 1 -> 2
-
-A queue is one that belayq's registry, RQ (``rq:queues``) or kombu's bindings know, found
-by name (``--kind`` says which kind when a name is taken by several) or listed; nothing is
-ever found by scanning the keyspace, and no other key is taken for a queue. Every tool acts
-on a queue with its recorded configuration. ``--json`` prints machine-readable output. A bad
-URL or an unknown queue is a one-line error and exit status 2; passwords are never printed.
-"""
+"""``belayq``: see and steer belayq queues, whether belayq owns them or runs Celery's
+(``belayq://``) or RQ's (``belayq_rq``) lists. ``belayq --help`` lists the commands, and
+``belayq COMMAND --help`` tells what each does, with examples and its exit status
+(:mod:`belayq.cli.parser`)."""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
@@ -36,93 +15,51 @@ from typing import Any
 
 import redis
 
-from ..discovery import KNOWN_KINDS, Found, find, layout_of, list_queues, open_found
-from ..errors import BelayqError, ConfigError
+from ..discovery import Found, NoQueue, find, layout_of, open_found
+from ..errors import BelayqError, ConfigError, NotPermitted
+from ..keys import SCHEMA_VERSION, QueueKeys
 from ..kinds import tools_for
+from ..models import text as _text
 from ..sharded import AnyQueue, ShardedQueue
 from . import views
-from .targets import CliError, connect, kind_filter, redact
+from .parser import DONE, ERROR, INTERRUPTED, NOTHING, build
+from .serving import cmd_dashboard, cmd_demo, cmd_exporter
+from .targets import CliError, connect, explain, found_names, redact
+
+__all__ = ["main"]
 
 #: Replays and purges run in batches of this many, printing their progress.
 BATCH = 1000
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="belayq", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
-    one = ("stats", "inspect", "delayed", "dead", "history", "replay", "purge", "drop",
-           "upgrade")
-    for name in ("queues", *one, "watch", "exporter"):
-        p = sub.add_parser(name)
-        p.add_argument("--url", required=True, help="redis://, rediss://, unix://, belayq://")
-        p.add_argument("--kind", choices=("auto", *KNOWN_KINDS), default="auto",
-                       help="the kind of queue: belayq's own, Celery's (kombu) or RQ's")
-        p.add_argument("--prefix", default="belayq", help="the key prefix of belayq's queues "
-                       "and registry")
-        p.add_argument("--json", action="store_true", help="machine-readable output")
-        if name in one:
-            p.add_argument("queue")
-        if name in ("watch", "exporter"):
-            p.add_argument("queue", nargs="*", help="default: every queue found")
-        if name in ("inspect", "delayed", "dead", "history"):
-            p.add_argument("--limit", type=int, default=50)
-        if name == "history":
-            p.add_argument("--failed", action="store_true", help="dead-lettered ones")
-        if name == "replay":
-            what = p.add_mutually_exclusive_group(required=True)
-            what.add_argument("--all", action="store_true")
-            what.add_argument("--id", action="append", help="a dead letter's id (repeatable)")
-            what.add_argument("--reason", help="dead letters whose reason holds this text")
-        if name in ("purge", "drop"):
-            p.add_argument("--yes", action="store_true", help="do not ask")
-        if name == "purge":
-            p.add_argument("--delayed", action="store_true", help="delete the delayed "
-                           "messages too (countdowns, ETAs, retry backoffs; RQ's scheduled "
-                           "jobs): kept by default, as a running stock fleet keeps them")
-        if name == "watch":
-            p.add_argument("--interval", type=float, default=1.0)
-            p.add_argument("--count", type=int, default=0, help="stop after N views (0: never)")
-        if name == "exporter":
-            p.add_argument("--port", type=int, default=9808)
-            p.add_argument("--host", default="127.0.0.1")
-    board = sub.add_parser("dashboard", help="serve the dashboard page")
-    board.add_argument("--url", required=True)
-    board.add_argument("--kind", choices=("auto", *KNOWN_KINDS), default="auto")
-    board.add_argument("--prefix", default="belayq")
-    board.add_argument("queue", nargs="*", help="default: every queue found")
-    demo = sub.add_parser("demo", help="the job-queue demo with its worker pool")
-    demo.add_argument("--web", action="store_true", required=True,
-                      help="serve the demo page (the terminal demo is examples/demo.py)")
-    demo.add_argument("--url", help="default: an embedded Redis started for the demo")
-    demo.add_argument("--redis-host", help="with --redis-port: redis://HOST:PORT/0")
-    demo.add_argument("--redis-port", type=int)
-    demo.add_argument("--visibility-ms", type=int, default=5000, help="the lease (ms)")
-    demo.add_argument("--queue", default="demo-jobs")
-    for p in (board, demo):
-        p.add_argument("--host", default="127.0.0.1",
-                       help="a non-loopback address needs --token")
-        p.add_argument("--port", type=int, default=8790 if p is board else 8793)
-        p.add_argument("--token", default=os.environ.get("BELAYQ_TOKEN"),
-                       help="required of every API request (default: $BELAYQ_TOKEN)")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Run ``belayq`` with ``argv`` (default: the process's arguments); returns the exit
+    status (see ``belayq --help``)."""
+    parser = build()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv:
+        parser.print_help(sys.stderr)
+        return ERROR
+    args = parser.parse_args(argv)
     try:
         if args.command == "demo":
             return cmd_demo(args)
         client = connect(args.url)
         return COMMANDS[args.command](client, args)
     except (CliError, ConfigError) as exc:
+        if isinstance(exc, (NoQueue, NotPermitted)):  # what the server holds or allows
+            exc = CliError(explain(exc, args.url))
         print(f"belayq {args.command}: {exc}", file=sys.stderr)
-        return 2
+        return ERROR
     except (BelayqError, redis.RedisError) as exc:
-        print(f"belayq {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 2
+        print(f"belayq {args.command}: {explain(exc, args.url or 'the Redis server')}",
+              file=sys.stderr)
+        return ERROR
+    except BrokenPipeError:  # the reader went away (`belayq dead ... | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return DONE
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
 
 
 def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
@@ -130,18 +67,28 @@ def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQue
     return found, open_found(client, found, prefix=args.prefix)
 
 
-def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
+def _say(args: argparse.Namespace, *lines: str | None) -> None:
+    """Lines for people: on stdout, or on stderr when stdout carries ``--json``."""
+    for line in lines:
+        if line:
+            print(line, file=sys.stderr if args.json else sys.stdout)
+
+
+def _emit(args: argparse.Namespace, rows: list[dict[str, Any]], columns: Sequence[str],
+          empty: str, *notes: str | None) -> None:
+    """``rows`` as a table (or JSON lines), ``empty`` when there are none, then ``notes``."""
     if args.json:
         for row in rows:
             print(json.dumps(row, default=str))
-    else:
-        print(views.table(rows, columns) if rows else "(none)")
+    elif rows:
+        print(views.table(rows, columns))
+    if not rows:
+        _say(args, empty)
+    _say(args, *notes)
 
 
 def _found(client: redis.Redis, args: argparse.Namespace) -> list[Found]:
-    names = getattr(args, "queue", None) or []
-    return ([find(client, n, args.kind, prefix=args.prefix) for n in names]
-            or list_queues(client, args.prefix, kind_filter(args.kind)))
+    return found_names(client, args)
 
 
 def _rows(client: redis.Redis, args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -149,10 +96,17 @@ def _rows(client: redis.Redis, args: argparse.Namespace) -> list[dict[str, Any]]
                             lambda f: open_found(client, f, prefix=args.prefix))
 
 
+def _no_queues(args: argparse.Namespace) -> str:
+    kinds = "" if args.kind == "auto" else f" of kind {args.kind}"
+    return (f"no queues{kinds} known on {redact(args.url)}: a queue is listed once a belayq "
+            f"process opens it (registry {args.prefix}:queues), or when RQ (rq:queues) or "
+            "Celery's bindings name it")
+
+
 def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
     rows = _rows(client, args)
-    _emit(args, rows, views.queue_columns(rows))
-    return 0
+    _emit(args, rows, views.queue_columns(rows), _no_queues(args))
+    return DONE
 
 
 def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
@@ -164,59 +118,104 @@ def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
     if isinstance(q, ShardedQueue):
         stats["by_shard"] = {name: {k: s.get(k, 0) for k in views.SHARD_COLUMNS}
                              for name, s in q.shard_stats().items()}
+    settings = views.settings(found)
     if args.json:
-        print(json.dumps(stats))
-    else:
-        for name, value in stats.items():
-            print(f"{name:22} {value}")
-    return 0
+        print(json.dumps({**stats, "settings": settings}))
+        return DONE
+    stats.pop("leased", None)  # in_flight's older name, kept in JSON
+    stats["ready_by_priority"] = " ".join(f"{k}={v}" for k, v in
+                                          stats["ready_by_priority"].items())
+    for name, value in stats.items():
+        print(f"{name:22} {value}")
+    if settings is None:
+        print(f"{'settings':22} not recorded: {views.unrecorded(found)}")
+        return DONE
+    history, ttl = settings.pop("history_max"), settings.pop("history_ttl_ms")
+    events = settings.pop("events")
+    for name, value in settings.items():
+        print(f"{name:22} {value}")
+    print(f"{'history':22} " + (
+        "not recorded" if history is None else "off (history_max 0)" if not history else
+        f"the last {history} of each outcome, for {views.duration(ttl or 0)} after the latest"))
+    print(f"{'events':22} " + ("not recorded" if events is None else
+                               "on" if events else "off"))
+    return DONE
 
 
 def cmd_inspect(client: redis.Redis, args: argparse.Namespace) -> int:
     _, q = _queue(client, args)
     _emit(args, views.in_flight(q, args.limit),
           ("id", "lease_left_s", "deliveries", "attempts", "started", "task", "task_id",
-           "payload"))
-    return 0
+           "payload"), f"no message of {q.name} is claimed now")
+    return DONE
 
 
 def cmd_delayed(client: redis.Redis, args: argparse.Namespace) -> int:
     _, q = _queue(client, args)
     _emit(args, views.delayed(q, args.limit),
-          ("id", "due_in_s", "task", "task_id", "held_by", "payload"))
-    return 0
+          ("id", "due_in_s", "task", "task_id", "held_by", "payload"),
+          f"no delayed message in {q.name}")
+    return DONE
 
 
 def cmd_dead(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
-    _emit(args, views.dead(q, args.limit),
-          ("id", "reason", "deliveries", "attempts", "task", "payload"))
-    return 0
+    found, q = _queue(client, args)
+    rows = views.dead(q, args.limit)
+    if not args.json:
+        rows = [{**r, "dead_at": views.when(r["dead_at_ms"])} for r in rows]
+    _emit(args, rows, ("id", "reason", "deliveries", "attempts", "dead_at", "task", "payload"),
+          f"no dead letters in {q.name}", views.dead_note(found, len(rows), q.stats()["dead"]))
+    return DONE
 
 
 def cmd_history(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
+    found, q = _queue(client, args)
+    outcome = "failed" if args.failed else "done"
     rows = [{"id": h.id, "result": h.result, "reason": h.reason, "deliveries": h.deliveries,
              "attempts": h.attempts, "finished_ms": h.finished_ms, **views.describe(h.payload)}
-            for h in q.history("failed" if args.failed else "done", args.limit)]
+            for h in q.history(outcome, args.limit)]
+    if not args.json:
+        rows = [{**r, "finished": views.when(r["finished_ms"])} for r in rows]
+    what = "dead-lettered" if args.failed else "acked"
     _emit(args, rows, ("id", "reason" if args.failed else "result", "deliveries", "attempts",
-                       "finished_ms", "task", "payload"))
-    return 0
+                       "finished", "task", "payload"),
+          f"no {what} message in the history of {q.name}",
+          views.history_note(found, len(rows)),
+          views.deliver_note(found) if args.failed else None)
+    return DONE
 
 
 def cmd_replay(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
+    found, q = _queue(client, args)
+    missing: list[str] = []
+    dead_now = q.stats()["dead"]
     if args.id:
-        replayed = q.replay_dead(args.id)
+        asked = list(dict.fromkeys(args.id))
+        present = views.dead_ids(q, asked)
+        missing = [i for i in asked if i not in present]
+        ids = [i for i in asked if i in present]
+        replayed = _batched(lambda chunk: q.replay_dead(chunk), ids)
     elif args.reason:
-        ids = [d.id for d in q.dead_letters(q.config.dead_letter_max)
-               if args.reason in d.reason]
+        ids = [d.id for d in q.dead_letters(max(1, dead_now)) if args.reason in d.reason]
+        if not ids:
+            print(f"no dead letter of {q.name} has a reason holding {args.reason!r}: nothing "
+                  "replayed", file=sys.stderr)
+            return NOTHING
         replayed = _batched(lambda chunk: q.replay_dead(chunk), ids)
     else:
-        replayed = _batched(lambda chunk: q.replay_dead(limit=len(chunk)),
-                            [""] * q.stats()["dead"])
-    print(f"replayed {replayed} dead letter(s) of {q.name}")
-    return 0
+        replayed = _batched(lambda chunk: q.replay_dead(limit=len(chunk)), [""] * dead_now)
+    if args.json:
+        print(json.dumps({"queue": q.name, "kind": found.kind, "replayed": replayed,
+                          "not_dead": missing}))
+    elif replayed or not args.all:
+        print(f"replayed {replayed} dead letter(s) of {q.name}")
+    else:
+        print(f"no dead letters in {q.name}: nothing to replay")
+    if missing:
+        print(f"not a dead letter of {q.name}: {', '.join(missing)} (`belayq dead` lists "
+              "them)", file=sys.stderr)
+        return NOTHING
+    return DONE
 
 
 def _batched(step: Callable[[list[str]], int], items: list[str]) -> int:
@@ -234,7 +233,10 @@ def _confirmed(args: argparse.Namespace, what: str) -> bool:
         return True
     if not sys.stdin.isatty():
         raise CliError(f"{what}: pass --yes to confirm (no terminal to ask on)")
-    answer = input(f"{what}. Type the queue name to confirm: ")
+    try:
+        answer = input(f"{what}. Type the queue name to confirm: ")
+    except EOFError:
+        return False
     return bool(answer.strip() == str(args.queue))
 
 
@@ -246,25 +248,28 @@ def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
                        f"beside it ({FRAMEWORK_PURGE[found.kind]}): install its adapter "
                        f"(pip install belayq-{found.kind}) to purge it")
     waiting = q.stats()
-    what = (f"{waiting['ready'] + waiting['delayed']} waiting (ready and delayed)"
-            if args.delayed else f"{waiting['ready']} ready")
-    if not _confirmed(args, f"delete the {what} message(s) of {q.name}"):
+    count = waiting["ready"] + (waiting["delayed"] if args.delayed else 0)
+    what = (f"{count} waiting (ready and delayed)" if args.delayed else f"{count} ready")
+    asked = count or tools is not None  # an RQ queue's scheduled jobs are not counted here
+    if asked and not _confirmed(args, f"delete the {what} message(s) of {q.name}"):
         print("not confirmed: nothing deleted", file=sys.stderr)
-        return 1
+        return NOTHING
     if tools is not None:
         counts = tools.purge(q, delayed=args.delayed)
-    else:
+    elif count:
         purged = q.purge(on_batch=_progress, delayed=args.delayed)
         counts = {"ready": purged.ready, "delayed": purged.delayed}
+    else:
+        counts = {"ready": 0, "delayed": 0}
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, **counts}))
-        return 0
+        return DONE
     print(f"purged {q.name}: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in
                                            counts.items()))
     if not args.delayed and waiting["delayed"]:
         print(f"kept {waiting['delayed']} delayed message(s): `belayq purge --delayed` "
               "deletes them too")
-    return 0
+    return DONE
 
 
 #: Kinds whose framework keeps a record per message beside the list: their purge needs the
@@ -277,116 +282,78 @@ def _progress(done: int) -> None:
 
 
 def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
+    found, q = _queue(client, args)
     if not _confirmed(args, f"delete queue {q.name} and every key of its own"):
         print("not confirmed: nothing deleted", file=sys.stderr)
-        return 1
+        return NOTHING
     if not bool(q.drop()):
-        raise CliError(f"{q.name} has messages claimed: stop its consumers first")
-    print(f"dropped {q.name}")
-    return 0
+        raise CliError(f"{q.name} has {q.stats()['in_flight']} message(s) claimed, so nothing "
+                       "was deleted: shut its consumers down (`belayq inspect` shows the "
+                       "claims), then drop it")
+    if args.json:
+        print(json.dumps({"queue": q.name, "kind": found.kind, "dropped": True}))
+    else:
+        print(f"dropped {q.name}")
+    return DONE
 
 
 def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
     shown = 0
     while True:
         rows = _rows(client, args)
-        if sys.stdout.isatty():
-            print("\033[2J\033[H", end="")
-        print(time.strftime("%H:%M:%S"), "every", args.interval, "s (Ctrl-C to stop)")
-        print(views.table(rows, views.queue_columns(rows)) if rows else "(no queues)",
-              flush=True)
+        if args.json:
+            print(json.dumps({"time": time.time(), "queues": rows}), flush=True)
+        else:
+            if sys.stdout.isatty():
+                print("\033[2J\033[H", end="")
+            print(time.strftime("%H:%M:%S"), f"every {args.interval:g} s (Ctrl-C to end)")
+            print(views.table(rows, views.queue_columns(rows)) if rows else _no_queues(args),
+                  flush=True)
         shown += 1
         if args.count and shown >= args.count:
-            return 0
+            return DONE
         time.sleep(args.interval)
-
-
-def cmd_exporter(client: redis.Redis, args: argparse.Namespace) -> int:
-    try:
-        from prometheus_client import REGISTRY, start_http_server
-    except ImportError:
-        raise CliError("the exporter needs prometheus_client: pip install belayq[metrics]") \
-            from None
-    from ..metrics import QueueCollector
-
-    def openers() -> list[Callable[[], AnyQueue]]:
-        return [functools.partial(open_found, client, f, prefix=args.prefix)
-                for f in _found(client, args)]
-
-    REGISTRY.register(QueueCollector(openers))
-    start_http_server(args.port, addr=args.host)
-    print(f"belayq exporter on http://{args.host}:{args.port}/metrics", flush=True)
-    while True:
-        time.sleep(3600)
-
-
-def _web() -> Any:
-    try:
-        from .. import web
-    except ImportError:
-        raise CliError("the dashboard needs Starlette and uvicorn: pip install belayq[web]") \
-            from None
-    return web
-
-
-def cmd_dashboard(client: redis.Redis, args: argparse.Namespace) -> int:
-    web = _web()
-    app = web.create_app(client, queues=args.queue, kind=args.kind, prefix=args.prefix,
-                         token=args.token, host=args.host)
-    print(f"belayq dashboard on http://{args.host}:{args.port}/", flush=True)
-    web.serve(app, args.host, args.port)
-    return 0
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    """The seed's demo page: a queue with history and events on, and a worker pool."""
-    web = _web()
-    from ..embedded import RedisServer, stop_on_sigterm
-    from .demo_mode import demo_pool
-
-    server = pool = None
-    url = args.url
-    if url is None and args.redis_host:
-        url = f"redis://{args.redis_host}:{args.redis_port or 6379}/0"
-    # A SIGTERM (kill, a service manager) stops the demo through the finally below, and
-    # with it the redis-server it started (which also stops if the demo is SIGKILLed).
-    stop_on_sigterm()
-    try:
-        if url is None:
-            server = RedisServer().start()
-            url = server.url
-        client = connect(url)
-        pool = demo_pool(client, args.queue, args.visibility_ms)
-        app = web.create_app(client, demo=pool, token=args.token, host=args.host)
-        print(f"belayq demo on http://{args.host}:{args.port}/ (Redis at {redact(url)}, "
-              f"visibility {args.visibility_ms} ms)", flush=True)
-        web.serve(app, args.host, args.port)
-    finally:
-        if pool is not None:
-            pool.stop()
-        if server is not None:
-            server.stop()
-    return 0
 
 
 def cmd_upgrade(client: redis.Redis, args: argparse.Namespace) -> int:
     from ..upgrade import upgrade_schema1
 
     kind = "belayq" if args.kind == "auto" else args.kind
-    # Schema 1 named its level lists the same way.
-    keys = {k: v for k, v in layout_of(kind, args.queue, prefix=args.prefix).items()
-            if k not in ("priority_steps", "kind")}
-    counts = upgrade_schema1(client, args.queue, **keys)
-    print(f"queue {args.queue!r} is at schema 2: {counts['returned']} claim(s) put back, "
-          f"{counts['messages']} message record(s) rewritten, {counts['dead']} dead letter(s)")
-    return 0
+    # Schema 1 named its keys as schema 2 does: the layout says where they are.
+    layout = {k: v for k, v in layout_of(kind, args.queue, prefix=args.prefix).items()
+              if k not in ("priority_steps", "kind")}
+    levels = list(layout.get("level_keys") or ())
+    stats_key = QueueKeys.build(args.queue, prefix=layout.get("prefix", args.prefix),
+                                steps=1 + len(levels), ready_key=layout.get("ready_key"),
+                                level_keys=levels).stats
+    schema = client.hget(stats_key, "schema")
+    if schema is None:
+        raise CliError(f"no queue {args.queue!r} of kind {kind} is here ({stats_key!r} does not "
+                       "exist; --kind names another kind)")
+    if int(schema) == SCHEMA_VERSION:
+        if args.json:
+            print(json.dumps({"queue": args.queue, "kind": kind, "schema": SCHEMA_VERSION,
+                              "upgraded": False}))
+        else:
+            print(f"queue {args.queue!r} is already at schema {SCHEMA_VERSION}: nothing to do")
+        return DONE
+    if int(schema) != 1:
+        raise CliError(f"queue {args.queue!r} is at key schema {_text(schema)}, which this "
+                       f"belayq cannot upgrade (it upgrades 1 to {SCHEMA_VERSION})")
+    counts = upgrade_schema1(client, args.queue, **layout)
+    if args.json:
+        print(json.dumps({"queue": args.queue, "kind": kind, "schema": SCHEMA_VERSION,
+                          "upgraded": True, **counts}))
+        return DONE
+    print(f"queue {args.queue!r} is at schema {SCHEMA_VERSION}: {counts['returned']} claim(s) "
+          f"put back, {counts['messages']} message record(s) rewritten, {counts['dead']} dead "
+          "letter(s)")
+    return DONE
 
 
 COMMANDS: dict[str, Callable[[redis.Redis, argparse.Namespace], int]] = {
     "queues": cmd_queues, "stats": cmd_stats, "inspect": cmd_inspect,
     "delayed": cmd_delayed, "dead": cmd_dead, "history": cmd_history, "replay": cmd_replay,
     "purge": cmd_purge, "drop": cmd_drop, "watch": cmd_watch, "exporter": cmd_exporter,
-    "upgrade": cmd_upgrade,
-    "dashboard": cmd_dashboard,
+    "upgrade": cmd_upgrade, "dashboard": cmd_dashboard,
 }  # fmt: skip

@@ -1,5 +1,5 @@
-"""The demo's queue: the seed's settings (a visibility timeout, 3 attempts, the last 50
-completed and failed kept), with events on."""
+"""The demo's queue: a visibility timeout, 3 attempts, the last 50 completed and failed
+kept, and events on."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import redis
 
-#: The seed's: a job fails for good on its third failed run; 50 of each outcome kept.
+#: A job fails for good on its third failed run; 50 of each outcome kept.
 DEMO_MAX_DELIVERIES = 3
 DEMO_HISTORY = 50
 

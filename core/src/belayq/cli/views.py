@@ -4,7 +4,8 @@ queues, and the live view of ``watch``. Reads only; O(shown), never O(queue)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from itertools import zip_longest
 from typing import Any
 
@@ -110,6 +111,7 @@ def _delayed(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
 
 
 def dead(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` dead letters: reason, counts, when (``dead_at_ms``)."""
     return [{"id": d.id, "reason": d.reason, "deliveries": d.deliveries,
              "attempts": d.attempts, "dead_at_ms": d.dead_at_ms, **describe(d.payload)}
             for d in q.dead_letters(limit)]
@@ -161,3 +163,96 @@ def queue_row(found: Found, q: AnyQueue) -> dict[str, Any]:
     stats = q.stats()
     return {"kind": found.kind, "queue": q.name, "shards": stats.get("shards", 1),
             "recorded": found.recorded, **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}
+
+
+def dead_ids(q: AnyQueue, ids: Iterable[str]) -> set[str]:
+    """Which of ``ids`` are dead letters of ``q`` now (of any shard)."""
+    wanted = list(dict.fromkeys(ids))
+    if not wanted:
+        return set()
+    found: set[str] = set()
+    for p in parts_of(q):
+        scores = p.client.zmscore(p.keys.dead, wanted)
+        found.update(i for i, score in zip(wanted, scores, strict=True) if score is not None)
+    return found
+
+
+def when(ms: int | None) -> str | None:
+    """A time in ms since the epoch as this host's local time (None when unknown)."""
+    if not ms:
+        return None
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ms / 1000))
+
+
+def duration(ms: int) -> str:
+    """``ms`` for people: 1500 -> 1.5 s, 86400000 -> 24 h."""
+    for unit, size in (("h", 3_600_000), ("min", 60_000), ("s", 1_000)):
+        if ms >= size:
+            return f"{ms / size:g} {unit}"
+    return f"{ms} ms"
+
+
+#: The settings ``belayq stats`` shows, as the registry records them.
+SETTINGS = ("lease_ms", "max_deliveries", "dead_letter_max", "exhausted", "history_max",
+            "history_ttl_ms", "events")
+
+
+def settings(found: Found) -> dict[str, Any] | None:
+    """The settings the queue's processes recorded; None when none did (only its framework
+    knows the queue)."""
+    rec = found.record
+    if rec is None:
+        return None
+    return {name: getattr(rec, name) for name in SETTINGS}
+
+
+def unrecorded(found: Found) -> str:
+    """What it means that no belayq process recorded ``found``'s settings."""
+    return (f"{found.name} ({found.kind}) has no recorded settings: no belayq process has "
+            "opened it, so nothing claims, settles or sweeps it with belayq's rules yet")
+
+
+def history_note(found: Found, shown: int) -> str | None:
+    """Whether the queue keeps a history, when the listing needs it said (``shown``: how
+    many finished messages were listed)."""
+    rec = found.record
+    if rec is None:
+        return None if shown else unrecorded(found) + "; whether it keeps a history is unknown"
+    if rec.history_max is None:
+        return None if shown else (f"whether {found.name} keeps a history is not recorded "
+                                   "(its record was written by an older belayq)")
+    if rec.history_max == 0:
+        kept = "; these were kept before it was turned off" if shown else ": nothing is kept"
+        return (f"history is off for {found.name} (history_max 0){kept}. Its consumers keep "
+                "the last N finished messages when they open the queue with history_max=N")
+    if shown:
+        return None
+    ttl = f" for {duration(rec.history_ttl_ms)}" if rec.history_ttl_ms else ""
+    return (f"no finished message is kept now: {found.name} keeps the last "
+            f"{rec.history_max} of each outcome{ttl} after the latest")
+
+
+def dead_note(found: Found, shown: int, dead_now: int) -> str | None:
+    """What the listing of the queue's dead letters needs said: a queue that hands its
+    messages out of runs to its consumers (``exhausted="deliver"``), one at its cap, one
+    whose settings are not recorded."""
+    rec = found.record
+    if rec is None:
+        return None if shown else unrecorded(found)
+    if rec.exhausted == "deliver":
+        return deliver_note(found)
+    if dead_now >= rec.dead_letter_max:
+        return (f"{found.name} keeps its newest {rec.dead_letter_max} dead letters "
+                "(dead_letter_max): older ones were deleted")
+    return None
+
+
+def deliver_note(found: Found) -> str | None:
+    """What a queue that hands its messages out of runs to its consumers
+    (``exhausted="deliver"``) dead-letters; None for any other queue."""
+    if found.record is None or found.record.exhausted != "deliver":
+        return None
+    return (f"{found.name} hands a message out of runs to its consumer once more "
+            "(exhausted=deliver), which records the failure itself (RQ: its "
+            "FailedJobRegistry, `rq info`): only messages whose last claim was lost too, or "
+            "that could not be read, are dead-lettered here")
