@@ -125,8 +125,11 @@ def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
     stats.pop("leased", None)  # in_flight's older name, kept in JSON
     stats["ready_by_priority"] = " ".join(f"{k}={v}" for k, v in
                                           stats["ready_by_priority"].items())
+    shards = stats.pop("by_shard", {})
     for name, value in stats.items():
         print(f"{name:22} {value}")
+    for name, figures in shards.items():
+        print(f"{'shard ' + name:22} " + " ".join(f"{k}={v}" for k, v in figures.items()))
     if settings is None:
         print(f"{'settings':22} not recorded: {views.unrecorded(found)}")
         return DONE

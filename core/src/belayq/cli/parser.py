@@ -31,7 +31,8 @@ _DROP_ERROR = ("  2    error, nothing deleted: messages of QUEUE are claimed, ba
 _SHOWN = "  0    shown (an empty listing too)\n" + _ERROR
 _SERVED = ("  2    error: bad arguments, no such queue, a server that cannot be reached or\n"
            "       refuses, a port this process cannot listen on\n"
-           "  130  ended with Ctrl-C (it serves until then)\n")
+           "  130  ended with Ctrl-C (it serves until then; SIGTERM ends it as that signal\n"
+           "       does, 143 in a shell)\n")
 _EXITS = {
     "replay": ("  0    every dead letter asked for was replayed (--all of none too)\n"
                "  1    an --id is not a dead letter of QUEUE (the others were replayed), or\n"

@@ -14,7 +14,7 @@ import redis
 
 from ..discovery import open_found
 from ..sharded import AnyQueue
-from .parser import DONE
+from .parser import INTERRUPTED
 from .targets import CliError, connect, found_names, redact
 
 
@@ -66,8 +66,8 @@ def cmd_dashboard(client: redis.Redis, args: argparse.Namespace) -> int:
                          token=args.token, host=args.host)
     _listen_check(args.host, args.port)
     print(f"belayq dashboard on http://{args.host}:{args.port}/", flush=True)
-    web.serve(app, args.host, args.port)
-    return DONE
+    web.serve(app, args.host, args.port)  # returns once Ctrl-C ended it
+    return INTERRUPTED
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -96,10 +96,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         app = web.create_app(client, demo=pool, token=args.token, host=args.host)
         print(f"belayq demo on http://{args.host}:{args.port}/ (Redis at {redact(url)}, "
               f"visibility {args.visibility_ms} ms)", flush=True)
-        web.serve(app, args.host, args.port)
+        web.serve(app, args.host, args.port)  # returns once Ctrl-C ended it
     finally:
         if pool is not None:
             pool.stop()
         if server is not None:
             server.stop()
-    return DONE
+    return INTERRUPTED
