@@ -77,9 +77,10 @@ def test_shipped_code_speaks_to_users() -> None:
 def commands() -> list[str]:
     out = subprocess.run([sys.executable, "-m", "belayq", "--help"], capture_output=True,
                          text=True, timeout=60, check=True).stdout  # fmt: skip
-    choices = re.search(r"\{([a-z,_-]+)\}", out)
-    assert choices is not None, out
-    return choices.group(1).split(",")
+    section = out.partition("\ncommands:\n")[2].partition("\n\n")[0]  # one line each
+    names = re.findall(r"^ {4}([a-z][a-z_-]*)\b", section, re.M)
+    assert names, out
+    return names
 
 
 def test_every_commands_help_speaks_to_users() -> None:
