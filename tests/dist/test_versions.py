@@ -1,6 +1,6 @@
 """The three distributions say one version, the adapters pin the core to it, the packages
 report it, the changelog has its entry, and each distribution ships the repository's
-licence. Read from the sources (no build): tests/packaging/test_wheels.py checks the built
+licence. Read from the sources (no build): tests/dist/test_wheels.py checks the built
 distributions."""
 
 from __future__ import annotations
