@@ -1,5 +1,7 @@
 """belayq: a reliable Redis queue core (BLMOVE claims, fenced leases, Lua settlement, sweep)."""
 
+from importlib.metadata import version as _installed_version
+
 from .admin import Purged
 from .config import QueueConfig
 from .errors import (
@@ -45,4 +47,5 @@ __all__ = [
     "ShardedQueue",
     "SweepResult",
 ]
-__version__ = "0.1.0"
+#: The installed distribution's version (``belayq``, as pip shows it).
+__version__ = _installed_version("belayq")

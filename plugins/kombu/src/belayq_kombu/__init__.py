@@ -7,6 +7,8 @@ kombu. Without the import, ``broker_transport = "belayq_kombu:Transport"`` (with
 
 from __future__ import annotations
 
+from importlib.metadata import version as _installed_version
+
 from kombu.transport import TRANSPORT_ALIASES
 
 from .transport import Channel, QoS, SSLTransport, Transport
@@ -33,5 +35,8 @@ def register() -> None:
 
 
 register()
+
+#: The installed distribution's version (``belayq-kombu``, as pip shows it).
+__version__ = _installed_version("belayq-kombu")
 
 __all__ = ["SCHEMES", "Channel", "QoS", "SSLTransport", "Transport", "register"]

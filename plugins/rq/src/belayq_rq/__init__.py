@@ -6,6 +6,8 @@ Use ``rq worker -w belayq_rq.Worker`` (or ``belayq_rq.SimpleWorker``), or build
 ``belayq_rq.Queue`` / ``belayq_rq.Worker`` in code. Producers need no change.
 """
 
+from importlib.metadata import version as _installed_version
+
 from .queue import Queue
 from .worker import BelayqWorkerMixin, FewerRoundTripsMixin, HerokuWorker, SimpleWorker, Worker
 
@@ -17,4 +19,5 @@ __all__ = [
     "SimpleWorker",
     "Worker",
 ]
-__version__ = "0.1.0"
+#: The installed distribution's version (``belayq-rq``, as pip shows it).
+__version__ = _installed_version("belayq-rq")
