@@ -15,42 +15,44 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
-from redis.exceptions import NoScriptError
-
 from . import client_info
 from .config import QueueConfig
 from .constants import CLUSTER_RETRY_FIRST_PAUSE_S, CLUSTER_RETRY_MAX_PAUSE_S
-from .errors import ConfigError, ConnectionLost, DurabilityError
+from .errors import (
+    CLIENT_ERROR,
+    CLUSTER_ERROR,
+    CONNECTION_ERROR,
+    NO_PERMISSION,
+    NO_SCRIPT,
+    REDIRECTS,
+    RESPONSE_ERROR,
+    ConfigError,
+    ConnectionLost,
+    DurabilityError,
+    Errors,
+)
 from .keys import QueueKeys
 from .sources import SCRIPT_NAMES, key_roles, library, sha, source
 
 Arg = str | bytes | int | float
 
-#: Errors a cluster answers while a slot moves: the script ran nothing; run it again.
-_REDIRECTS: tuple[type[Exception], ...] = tuple(
-    getattr(redis.exceptions, n)
-    for n in ("TryAgainError", "AskError", "MovedError", "ClusterDownError", "ClusterError")
-    if hasattr(redis.exceptions, n)
-)
 
 #: What a cluster client meets while a master fails over: its node refuses connections
 #: (killed) or stops answering, until a replica takes its slots over. redis-py retries a
 #: few times within a second; a failover takes ``cluster-node-timeout`` and more. A call
 #: that may have run is safe to send again: publishes and claims answer a re-sent request
 #: id from their reply memo, settles are fenced by the claim's token.
-_FAILING_OVER: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.RedisClusterException,  # SlotNotCoveredError, "cannot be connected"
-)
+_FAILING_OVER = (*CONNECTION_ERROR, *CLUSTER_ERROR)  # CLUSTER_ERROR: SlotNotCoveredError...
+
+#: What reading the primary's replication state may raise (the hint is left out then).
+_HINT_FAILED: Errors = (*CLIENT_ERROR, ValueError, TypeError)
 
 
 def _lost_scripts(reply: Any) -> bool:
     """Whether a reply says the server has lost belayq's scripts or library (restart,
     failover, SCRIPT FLUSH, FUNCTION FLUSH): the call ran nothing."""
-    return isinstance(reply, NoScriptError) or (
-        isinstance(reply, redis.ResponseError) and str(reply).startswith("Function not found")
+    return isinstance(reply, NO_SCRIPT) or (
+        isinstance(reply, RESPONSE_ERROR) and str(reply).startswith("Function not found")
     )
 
 
@@ -62,7 +64,7 @@ def refresh_slots(client: Any) -> None:
         return
     try:
         manager.initialize()
-    except (*_REDIRECTS, *_FAILING_OVER):
+    except (*REDIRECTS, *_FAILING_OVER):
         pass
 
 
@@ -149,7 +151,7 @@ class ScriptRunner:
         """A reply that ran nothing and that loading (or falling back to scripts) cures."""
         if _lost_scripts(reply):
             return True
-        return bool(self._functions) and isinstance(reply, redis.exceptions.NoPermissionError)
+        return bool(self._functions) and isinstance(reply, NO_PERMISSION)
 
     def _reload(self, reply: Any = None) -> None:
         """Load the library (or the scripts) after a call found them missing. A client that
@@ -159,12 +161,12 @@ class ScriptRunner:
             self._load_scripts()
             return
         refusal: Exception | None = None
-        if isinstance(reply, redis.exceptions.NoPermissionError):
+        if isinstance(reply, NO_PERMISSION):
             refusal = reply
         else:
             try:
                 self.client.execute_command("FUNCTION", "LOAD", library()[1])
-            except redis.ResponseError as exc:
+            except RESPONSE_ERROR as exc:
                 if "already exists" in str(exc):  # another process loaded it meanwhile
                     return
                 refusal = exc
@@ -208,7 +210,7 @@ class ScriptRunner:
             else:
                 try:
                     reply = self.client.execute_command(*command)
-                except redis.ResponseError as exc:
+                except RESPONSE_ERROR as exc:
                     reply = exc
             if attempt == 1 and self._recoverable(reply):
                 self._reload(reply)
@@ -274,7 +276,7 @@ class ScriptRunner:
         try:
             info = self._node_client().info("replication")
             connected = int(info.get("connected_slaves", -1))
-        except (redis.RedisError, ValueError, TypeError):
+        except _HINT_FAILED:
             return ""
         if 0 <= connected < wanted:
             return (
@@ -298,7 +300,7 @@ class ScriptRunner:
         while True:
             try:
                 return call()
-            except (*_REDIRECTS, *_FAILING_OVER) as exc:
+            except (*REDIRECTS, *_FAILING_OVER) as exc:
                 if time.monotonic() >= deadline:
                     raise ConnectionLost(
                         f"this queue's cluster slot stayed redirected or unreachable for "

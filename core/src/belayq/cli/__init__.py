@@ -37,11 +37,14 @@ from typing import Any
 import redis
 
 from ..discovery import KNOWN_KINDS, Found, find, layout_of, list_queues, open_found
-from ..errors import BelayqError, ConfigError
+from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors
 from ..kinds import tools_for
 from ..sharded import AnyQueue, ShardedQueue
 from . import views
 from .targets import CliError, connect, kind_filter, redact
+
+#: The errors shown to the user (a queue that cannot be read, an unreachable server).
+_SHOWN: Errors = (BelayqError, *CLIENT_ERROR)
 
 #: Replays and purges run in batches of this many, printing their progress.
 BATCH = 1000
@@ -118,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ConfigError) as exc:
         print(f"belayq {args.command}: {exc}", file=sys.stderr)
         return 2
-    except (BelayqError, redis.RedisError) as exc:
+    except _SHOWN as exc:
         print(f"belayq {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
