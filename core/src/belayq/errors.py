@@ -98,8 +98,9 @@ class CrossSlot(ConfigError):
 
 
 class DurabilityError(BelayqError):
-    """Fewer replicas (or disks) confirmed a write than ``wait_replicas`` asks for. The write
-    itself happened on the primary; a failover before the replicas catch up may lose it."""
+    """Fewer replicas (or disks) confirmed a write than ``wait_replicas`` and ``wait_aof`` ask
+    for. The write itself happened on the primary; a failover before the replicas catch up
+    (or, unconfirmed on the primary's disk, a crash of the primary) may lose it."""
 
 
 class ConnectionLost(BelayqError, ConnectionError):

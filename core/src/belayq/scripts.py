@@ -231,9 +231,14 @@ class ScriptRunner:
         return reply, confirmed
 
     def wait_for_replicas(self, versions: list[str]) -> None:
-        """Make durable calls wait for ``wait_replicas`` replicas: WAITAOF (their disks and
-        the primary's) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
-        appendonly on; else WAIT."""
+        """Make durable calls wait: for ``wait_replicas`` replicas and the primary's AOF
+        fsync (WAITAOF) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
+        appendonly on; else for the replicas alone (WAIT).
+
+        Raises:
+            ConfigError: ``wait_aof=True`` on a server without WAITAOF (Redis before 7.2,
+                fakeredis) or without appendonly: no write could ever be confirmed.
+        """
         c = self.config
         has_waitaof = bool(versions) and all(
             client_info.version_tuple(v) >= (7, 2) for v in versions
@@ -243,7 +248,17 @@ class ScriptRunner:
             aof = has_waitaof and client_info.aof_enabled(self.client)
         elif aof and not has_waitaof:
             raise ConfigError(
-                f"wait_aof=True needs WAITAOF (Redis 7.2+); the server runs {versions or '?'}"
+                "wait_aof=True needs the WAITAOF command (Redis 7.2+ or Valkey); the server "
+                f"runs {', '.join(versions) if versions else 'a version that does not say'}. "
+                "Upgrade it, or leave wait_aof unset: wait_replicas then waits for the "
+                "replicas' memory (WAIT), not for any disk"
+            )
+        elif aof and not client_info.aof_enabled(self.client):
+            raise ConfigError(
+                "wait_aof=True needs appendonly yes on the server (WAITAOF confirms fsyncs "
+                "of the append-only file, which it does not write now): turn it on "
+                "(appendonly yes in its configuration, or CONFIG SET appendonly yes), or "
+                "leave wait_aof unset"
             )
         if aof:
             self.wait_command = ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
@@ -252,22 +267,31 @@ class ScriptRunner:
 
     def _check_durable(self, confirmed: Any) -> None:
         wanted = self.config.wait_replicas
+        within = f"within {self.config.wait_timeout_ms} ms"
         if isinstance(confirmed, Exception):
-            raise DurabilityError(f"could not wait for {wanted} replica(s): {confirmed}")
+            raise DurabilityError(f"could not wait for the write to be confirmed: {confirmed}")
         if isinstance(confirmed, list):  # WAITAOF: [local fsyncs, replica fsyncs]
             local, replicas = int(confirmed[0]), int(confirmed[1])
-            if local < 1 or replicas < wanted:
+            if local < 1:
                 raise DurabilityError(
-                    f"the write is on the primary, but only {replicas} of {wanted} replica(s) "
-                    f"{'and not the primary ' if local < 1 else ''}confirmed it on disk within "
-                    f"{self.config.wait_timeout_ms} ms: a failover now could lose it"
+                    "the write is in the primary's memory, but its append-only file did not "
+                    f"reach the disk {within}: a crash of the primary now could lose it"
+                )
+            if replicas < wanted:
+                hint = self._replicas_hint(wanted) or (
+                    " (a replica confirms only with appendonly yes)"
+                )
+                raise DurabilityError(
+                    f"the write is on the primary's disk, but only {replicas} of {wanted} "
+                    f"replica(s) confirmed it on theirs {within}: a failover now could lose "
+                    f"it{hint}"
                 )
             return
         if int(confirmed) < wanted:
             raise DurabilityError(
                 f"the write is on the primary, but only {int(confirmed)} of {wanted} "
-                f"replica(s) confirmed it within {self.config.wait_timeout_ms} ms: a failover "
-                f"now could lose it{self._replicas_hint(wanted)}"
+                f"replica(s) confirmed it {within}: a failover now could lose "
+                f"it{self._replicas_hint(wanted)}"
             )
 
     def _replicas_hint(self, wanted: int) -> str:
