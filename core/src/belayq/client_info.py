@@ -79,6 +79,26 @@ def aof_enabled(client: Any) -> bool:
     return bool(nodes) and all(int(v.get("aof_enabled", 0)) for v in nodes)
 
 
+def aof_fsync_always(client: Any) -> bool:
+    """Whether every server the client reaches fsyncs its append-only file on every write
+    (``appendfsync always``); False when one does not, or will not say (CONFIG refused: a
+    managed service, an ACL user without +config)."""
+    try:
+        if is_cluster(client):
+            found = client.config_get("appendfsync", target_nodes=client.PRIMARIES)
+            replies = [v for v in found.values() if isinstance(v, dict)]
+        else:
+            replies = [client.config_get("appendfsync")]
+    except RESPONSE_ERROR:
+        return False
+    policies = [_text(r.get("appendfsync", r.get(b"appendfsync", ""))) for r in replies]
+    return bool(policies) and all(p == "always" for p in policies)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def eviction_policies(client: Any) -> list[str]:
     """``maxmemory_policy`` of every server the client reaches, from ``INFO memory`` (which
     managed services allow where they disable CONFIG); [] when the server will not say (an

@@ -59,7 +59,9 @@ class QueueConfig:
             last writes). A wait that times out raises ``DurabilityError``.
         wait_timeout_ms: Longest wait for the replicas (ms).
         wait_aof: Wait for the AOF fsync too (WAITAOF, Redis 7.2+ or Valkey, with
-            appendonly on). None = when the server has both and ``wait_replicas`` is set;
+            appendonly on). None = when ``wait_replicas`` is set and the server has both,
+            with ``appendfsync always`` (with ``everysec`` a replica confirms its fsync
+            about once a second, and each call would wait that long);
             True = required: each publish and settle waits until the primary's AOF has it
             on disk, and its ``wait_replicas`` replicas' AOFs too (``wait_replicas=0``: the
             primary's only); a server without WAITAOF or without appendonly is refused when

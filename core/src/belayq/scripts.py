@@ -17,7 +17,11 @@ from typing import Any
 
 from . import client_info
 from .config import QueueConfig
-from .constants import CLUSTER_RETRY_FIRST_PAUSE_S, CLUSTER_RETRY_MAX_PAUSE_S
+from .constants import (
+    AOF_ACK_PROBE_MS,
+    CLUSTER_RETRY_FIRST_PAUSE_S,
+    CLUSTER_RETRY_MAX_PAUSE_S,
+)
 from .errors import (
     CLIENT_ERROR,
     CLUSTER_ERROR,
@@ -85,6 +89,7 @@ class ScriptRunner:
         self.vectors = {n: self._vector(n) for n in SCRIPT_NAMES}
         self.cluster = client_info.is_cluster(client)
         self.wait_command: tuple[Arg, ...] | None = None  # see wait_for_replicas
+        self._ack_probe: tuple[Arg, ...] | None = None  # a WAIT before the WAITAOF
         # FCALL of belayq's function library (Redis 7.0+, one server) or EVALSHA; decided
         # on the first call (see _pick_functions).
         self._functions: bool | None = None if config.lua_functions is not False else False
@@ -226,14 +231,18 @@ class ScriptRunner:
         assert self.wait_command is not None
         pipe = self._node_client().pipeline(transaction=False)
         pipe.execute_command(*command)
+        if self._ack_probe is not None:
+            pipe.execute_command(*self._ack_probe)
         pipe.execute_command(*self.wait_command)
-        reply, confirmed = pipe.execute(raise_on_error=False)
-        return reply, confirmed
+        replies = pipe.execute(raise_on_error=False)
+        return replies[0], replies[-1]
 
     def wait_for_replicas(self, versions: list[str]) -> None:
         """Make durable calls wait: for ``wait_replicas`` replicas and the primary's AOF
         fsync (WAITAOF) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
-        appendonly on; else for the replicas alone (WAIT).
+        appendonly on and ``appendfsync always`` (with ``everysec`` a replica confirms its
+        fsync about once a second: each call would wait that long); else for the replicas
+        alone (WAIT).
 
         Raises:
             ConfigError: ``wait_aof=True`` on a server without WAITAOF (Redis before 7.2,
@@ -245,7 +254,11 @@ class ScriptRunner:
         )
         aof = c.wait_aof
         if aof is None:
-            aof = has_waitaof and client_info.aof_enabled(self.client)
+            aof = (
+                has_waitaof
+                and client_info.aof_enabled(self.client)
+                and client_info.aof_fsync_always(self.client)
+            )
         elif aof and not has_waitaof:
             raise ConfigError(
                 "wait_aof=True needs the WAITAOF command (Redis 7.2+ or Valkey); the server "
@@ -262,6 +275,9 @@ class ScriptRunner:
             )
         if aof:
             self.wait_command = ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
+            if c.wait_replicas:
+                probe_ms = min(c.wait_timeout_ms, AOF_ACK_PROBE_MS)
+                self._ack_probe = ("WAIT", c.wait_replicas, probe_ms)
         else:
             self.wait_command = ("WAIT", c.wait_replicas, c.wait_timeout_ms)
 
