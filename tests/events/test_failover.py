@@ -28,6 +28,7 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
+from tests.conftest import ON_BOTH
 
 from .servers import (
     LEASE_MS,
@@ -93,6 +94,7 @@ def fail_over(
         yield run
 
 
+@ON_BOTH
 def test_no_token_repeats_after_failover(fail_over: Callable[[], FailedOver]) -> None:
     fo = fail_over()
     q, h = fo.queue, fo.history
@@ -100,6 +102,7 @@ def test_no_token_repeats_after_failover(fail_over: Callable[[], FailedOver]) ->
     check_tokens_fresh(h, got)
 
 
+@ON_BOTH
 def test_stale_settles_after_failover_are_refused(fail_over: Callable[[], FailedOver]) -> None:
     fo = fail_over()
     q, h = fo.queue, fo.history
@@ -156,6 +159,7 @@ def wait_calls(client: redis.Redis) -> int:
     return int(stats.get("cmdstat_wait", {}).get("calls", 0))
 
 
+@ON_BOTH
 def test_wait_replicas_makes_writes_survive_primary_kill(
     start_server: Callable[..., RedisServer], qname: str
 ) -> None:
@@ -187,6 +191,7 @@ def test_wait_replicas_makes_writes_survive_primary_kill(
         assert after.ack_many(got) == [True] * len(got)
 
 
+@ON_BOTH
 def test_wait_replicas_raises_durability_error_when_replica_unreachable(
     start_server: Callable[..., RedisServer], qname: str
 ) -> None:

@@ -29,6 +29,7 @@ from redis.crc import key_slot
 from belayq import ConnectionLost, Delivery, ReliableQueue
 from belayq.embedded import RedisClusterServers
 from tests import support
+from tests.conftest import ON_BOTH
 
 from .servers import closing_all, make_queue, sizes, wait_for
 
@@ -239,6 +240,7 @@ def migrate_slot(
     }
 
 
+@ON_BOTH
 def test_queue_slot_migrates_under_load(
     start_cluster: Callable[[], RedisClusterServers], qname: str
 ) -> None:

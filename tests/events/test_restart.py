@@ -30,6 +30,7 @@ from rq.job import Job, JobStatus
 import belayq_rq
 from belayq import Delivery, ReliableQueue
 from belayq.embedded import RedisServer
+from tests.conftest import ON_BOTH
 from tests.events import rq_jobs
 
 from .servers import (
@@ -123,6 +124,7 @@ def test_no_token_repeats_after_restart(restarted: Callable[[], Restarted]) -> N
     check_tokens_fresh(h, got)
 
 
+@ON_BOTH
 def test_stale_settles_after_restart_are_refused(restarted: Callable[[], Restarted]) -> None:
     r = restarted()
     q, h = r.queue, r.history
@@ -130,6 +132,7 @@ def test_stale_settles_after_restart_are_refused(restarted: Callable[[], Restart
     check_stale_refused(q, h, got)
 
 
+@ON_BOTH
 def test_first_calls_after_restart_work(
     start_server: Callable[..., RedisServer], qname: str, mode: str
 ) -> None:

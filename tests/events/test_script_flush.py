@@ -24,6 +24,7 @@ from rq.registry import FailedJobRegistry
 import belayq_rq
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
+from tests.conftest import ON_BOTH
 from tests.events import rq_jobs
 from tests.events.servers import flush_lua, supports_functions
 from tests.events.workers import Proc, child_env
@@ -60,6 +61,7 @@ def _claimed(conn: redis.Redis, lua: str, n: int = 1) -> tuple[ReliableQueue, li
     return q, got
 
 
+@ON_BOTH
 def test_core_ack_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, [d] = _claimed(conn, lua)
     flush_lua(conn)
@@ -72,6 +74,7 @@ def test_core_ack_after_script_flush(conn: redis.Redis, lua: str) -> None:
     assert q.stats()["in_flight"] == 0
 
 
+@ON_BOTH
 def test_core_nack_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, [d] = _claimed(conn, lua)
     flush_lua(conn)
@@ -80,6 +83,7 @@ def test_core_nack_after_script_flush(conn: redis.Redis, lua: str) -> None:
     assert (s["in_flight"], s["ready"]) == (0, 2), s
 
 
+@ON_BOTH
 def test_core_dead_letter_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, [d] = _claimed(conn, lua)
     flush_lua(conn)
@@ -88,6 +92,7 @@ def test_core_dead_letter_after_script_flush(conn: redis.Redis, lua: str) -> Non
     assert dead.id == d.id and dead.reason.startswith("flushed")
 
 
+@ON_BOTH
 def test_core_extend_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, ds = _claimed(conn, lua, 2)
     flush_lua(conn)
@@ -96,6 +101,7 @@ def test_core_extend_after_script_flush(conn: redis.Redis, lua: str) -> None:
     assert q.ack_many(ds) == [True, True]
 
 
+@ON_BOTH
 def test_core_release_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, ds = _claimed(conn, lua, 2)
     flush_lua(conn)
@@ -104,6 +110,7 @@ def test_core_release_after_script_flush(conn: redis.Redis, lua: str) -> None:
     assert (s["in_flight"], s["ready"]) == (0, 3), s
 
 
+@ON_BOTH
 def test_core_ack_and_claim_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, [d] = _claimed(conn, lua)
     flush_lua(conn)
@@ -112,6 +119,7 @@ def test_core_ack_and_claim_after_script_flush(conn: redis.Redis, lua: str) -> N
     assert q.ack(more[0]) is True
 
 
+@ON_BOTH
 def test_core_ack_on_the_callers_transaction_after_script_flush(
     conn: redis.Redis, lua: str
 ) -> None:
@@ -130,6 +138,7 @@ def test_core_ack_on_the_callers_transaction_after_script_flush(
     assert (s["in_flight"], s["acked"]) == (0, 1), s
 
 
+@ON_BOTH
 def test_core_ack_on_a_plain_pipeline_after_script_flush(conn: redis.Redis, lua: str) -> None:
     q, [d] = _claimed(conn, lua)
     flush_lua(conn)

@@ -23,6 +23,7 @@ import pytest
 import redis
 
 from belayq.embedded import RedisSentinelServers
+from tests.conftest import ON_BOTH
 from tests.support import wait_for
 
 from .harness import Run, Traffic, replication_cut
@@ -153,6 +154,7 @@ def test_failover_without_wait_replicas_loses_only_the_unreplicated_window(
     assert out.recovery_s < LONG_S
 
 
+@ON_BOTH
 def test_failover_with_wait_replicas_loses_nothing(
     start_sentinels: Callable[..., RedisSentinelServers], qname: str
 ) -> None:

@@ -21,10 +21,14 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from .constants import CLUSTER_RETRY_FIRST_PAUSE_S, CLUSTER_RETRY_MAX_PAUSE_S
-from .errors import ConnectionLost
+from .errors import (
+    CLIENT_ERROR,
+    CLUSTER_ERROR,
+    CONNECTION_ERROR,
+    REDIRECTS,
+    ConnectionLost,
+)
 from .queue import ReliableQueue
 from .scripts import refresh_slots
 
@@ -38,16 +42,11 @@ Errors = tuple[type[BaseException], ...]
 
 #: What a queue's cluster node answers while it is away: refused or dropped connections,
 #: no slot owner, a slot that stays redirected.
-NODE_AWAY: Errors = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.RedisClusterException,
-    *(
-        getattr(redis.exceptions, n)
-        for n in ("TryAgainError", "AskError", "MovedError", "ClusterDownError", "ClusterError")
-        if hasattr(redis.exceptions, n)
-    ),
-)
+NODE_AWAY: Errors = (*CONNECTION_ERROR, *CLUSTER_ERROR, *REDIRECTS)
+
+#: A look at a node that failed: refused, timed out, or no node serves the slot.
+_PROBE_FAILED: Errors = (OSError, *CLIENT_ERROR, *CLUSTER_ERROR)
+_ASK_FAILED: Errors = (OSError, *CLIENT_ERROR)
 
 
 @dataclasses.dataclass
@@ -130,7 +129,7 @@ def look(q: ReliableQueue) -> bool:
         node = q.client.get_node_from_key(q.keys.ready)
         with socket.create_connection((node.host, node.port), timeout=PROBE_TIMEOUT_S):
             return True
-    except (OSError, redis.RedisError, redis.exceptions.RedisClusterException) as exc:
+    except _PROBE_FAILED as exc:
         went_away(q, exc)  # refused, timed out, or no node serves the slot
         return False
 
@@ -144,7 +143,7 @@ def _follow_slot(q: ReliableQueue) -> None:
         slot = int(client.keyslot(q.keys.ready))
         cached = client.get_node_from_key(q.keys.ready)
         cached_at = (str(cached.host), int(cached.port))
-    except (redis.RedisError, redis.exceptions.RedisClusterException):
+    except (*CLIENT_ERROR, *CLUSTER_ERROR):
         refresh_slots(client)
         return
     for node in client.get_primaries():
@@ -152,7 +151,7 @@ def _follow_slot(q: ReliableQueue) -> None:
             continue
         try:
             rows = client.get_redis_connection(node).execute_command("CLUSTER", "SLOTS")
-        except (OSError, redis.RedisError):
+        except _ASK_FAILED:
             continue
         for row in rows:
             if int(row[0]) <= slot <= int(row[1]):

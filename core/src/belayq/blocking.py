@@ -24,7 +24,7 @@ import redis
 
 from . import client_info
 from .constants import CANCEL_GRACE_S
-from .errors import left_primary
+from .errors import RESPONSE_ERROR, left_primary
 
 if TYPE_CHECKING:
     from .models import Delivery
@@ -97,7 +97,7 @@ class BlockingClaim:
             self.conn.send_command("CLIENT", "ID")
             try:
                 client_id: int | None = int(self.conn.read_response())
-            except redis.ResponseError:  # no permission: cancelling closes it instead
+            except RESPONSE_ERROR:  # no permission: cancelling closes it instead
                 client_id = None
             known = (self.conn._sock, client_id)
             setattr(self.conn, _CLIENT_ID, known)
@@ -157,7 +157,7 @@ class BlockingClaim:
         ``redis.ConnectionError``)."""
         try:
             reply = self.conn.read_response()
-        except redis.ResponseError as exc:
+        except RESPONSE_ERROR as exc:
             if left_primary(exc) and not client_info.is_cluster(self.queue.client):
                 # A failover demoted the server (Sentinel, a moved address): connect again.
                 self.conn.disconnect()
@@ -206,7 +206,7 @@ class BlockingClaim:
         if self.client_id is not None:
             try:
                 (unblock or self._unblock)(self.client_id)
-            except redis.ResponseError:  # no permission for CLIENT UNBLOCK
+            except RESPONSE_ERROR:  # no permission for CLIENT UNBLOCK
                 self.client_id = None
         if self.client_id is not None and self.conn.can_read(timeout=grace_s):
             return self.read()

@@ -48,14 +48,19 @@ import selectors
 import time
 from collections.abc import Sequence
 
-import redis
-
 from . import away as node_away
 from . import client_info
 from .away import NODE_AWAY, Errors
 from .blocking import BlockingClaim
 from .constants import BLOCK_ROUND_MIN_S, CLAIM_ANY_ROUND_MAX_S
-from .errors import ConfigError, ConnectionLost, drop_connections, left_primary
+from .errors import (
+    CONNECTION_ERROR,
+    RESPONSE_ERROR,
+    ConfigError,
+    ConnectionLost,
+    drop_connections,
+    left_primary,
+)
 from .models import Delivery
 from .queue import ReliableQueue
 
@@ -90,9 +95,9 @@ def claim_any(
         raise ConfigError(f"count must be an int >= 1, got {count!r}")
     try:
         return _claim_any(list(queues), timeout, count)
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except CONNECTION_ERROR as exc:
         raise ConnectionLost(f"Redis unreachable during claim_any: {exc}") from exc
-    except redis.ResponseError as exc:
+    except RESPONSE_ERROR as exc:
         if not left_primary(exc):
             raise
         for q in queues:
@@ -293,7 +298,7 @@ def _cancel(claims: Claims, entries: list[tuple[int, bytes]], away: Errors) -> N
     for _, c in pending:
         by_client.setdefault(id(c.client), []).append(c)
     refused: set[int] = set()
-    unanswered: Errors = (redis.ResponseError, *away)  # no permission, or the node is away
+    unanswered: Errors = (*RESPONSE_ERROR, *away)  # no permission, or the node is away
     for group in by_client.values():
         pipe = group[0].client.pipeline(transaction=False)
         for c in group:

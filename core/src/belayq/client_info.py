@@ -6,15 +6,13 @@ import logging
 import warnings
 from typing import Any
 
-import redis
-
 from .constants import (
     BLOCK_ROUND_MAX_S,
     BLOCK_ROUND_MIN_S,
     BLOCK_SHARE_OF_SOCKET_TIMEOUT,
     REDIS_PY_READ_TIMEOUT_S,
 )
-from .errors import EvictionRiskWarning
+from .errors import RESPONSE_ERROR, EvictionRiskWarning
 
 log = logging.getLogger("belayq")
 
@@ -57,7 +55,7 @@ def server_versions(client: Any) -> list[str]:
     fakeredis has no INFO, and emulates a recent Redis)."""
     try:
         info = _info(client, "server")
-    except redis.ResponseError:
+    except RESPONSE_ERROR:
         return []
     if "redis_version" in info:
         return [str(info["redis_version"])]
@@ -73,12 +71,32 @@ def aof_enabled(client: Any) -> bool:
     """Whether every server the client reaches has appendonly on."""
     try:
         info = _info(client, "persistence")
-    except redis.ResponseError:
+    except RESPONSE_ERROR:
         return False
     if "aof_enabled" in info:
         return bool(int(info["aof_enabled"]))
     nodes = [v for v in info.values() if isinstance(v, dict)]
     return bool(nodes) and all(int(v.get("aof_enabled", 0)) for v in nodes)
+
+
+def aof_fsync_always(client: Any) -> bool:
+    """Whether every server the client reaches fsyncs its append-only file on every write
+    (``appendfsync always``); False when one does not, or will not say (CONFIG refused: a
+    managed service, an ACL user without +config)."""
+    try:
+        if is_cluster(client):
+            found = client.config_get("appendfsync", target_nodes=client.PRIMARIES)
+            replies = [v for v in found.values() if isinstance(v, dict)]
+        else:
+            replies = [client.config_get("appendfsync")]
+    except RESPONSE_ERROR:
+        return False
+    policies = [_text(r.get("appendfsync", r.get(b"appendfsync", ""))) for r in replies]
+    return bool(policies) and all(p == "always" for p in policies)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def eviction_policies(client: Any) -> list[str]:
@@ -87,7 +105,7 @@ def eviction_policies(client: Any) -> list[str]:
     ACL user without +info, fakeredis)."""
     try:
         info = _info(client, "memory")
-    except redis.ResponseError as exc:  # NoPermissionError included
+    except RESPONSE_ERROR as exc:  # NoPermissionError included
         log.debug("cannot read the eviction policy (INFO memory): %s", exc)
         return []
     if "maxmemory_policy" in info:

@@ -58,8 +58,14 @@ class QueueConfig:
             primary's). 0 = do not wait (asynchronous replication: a failover may lose the
             last writes). A wait that times out raises ``DurabilityError``.
         wait_timeout_ms: Longest wait for the replicas (ms).
-        wait_aof: Wait for the AOF fsync too (WAITAOF, Redis 7.2+ with appendonly on).
-            None = when the server has both; True = required; False = never.
+        wait_aof: Wait for the AOF fsync too (WAITAOF, Redis 7.2+ or Valkey, with
+            appendonly on). None = when ``wait_replicas`` is set and the server has both,
+            with ``appendfsync always`` (with ``everysec`` a replica confirms its fsync
+            about once a second, and each call would wait that long);
+            True = required: each publish and settle waits until the primary's AOF has it
+            on disk, and its ``wait_replicas`` replicas' AOFs too (``wait_replicas=0``: the
+            primary's only); a server without WAITAOF or without appendonly is refused when
+            the queue opens; False = never.
         cluster_retry_ms: How long a script call is retried while its cluster slot is
             migrating (TRYAGAIN, ASK, MOVED) or its master fails over (connection errors,
             CLUSTERDOWN) before ``ConnectionLost`` (ms). Keep it above the cluster's
@@ -181,8 +187,9 @@ class QueueConfig:
 
     @property
     def durable(self) -> bool:
-        """Whether writes wait for replicas (``wait_replicas``)."""
-        return self.wait_replicas > 0
+        """Whether writes wait for replicas (``wait_replicas``) or for the AOF's fsync
+        (``wait_aof=True``)."""
+        return self.wait_replicas > 0 or self.wait_aof is True
 
     @property
     def dead_after_runs(self) -> int:

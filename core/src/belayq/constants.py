@@ -50,6 +50,14 @@ PURGE_BATCH = 1000
 """Messages one purge script removes before it returns and is called again, so a purge of
 a million messages never blocks the server for long."""
 
+AOF_ACK_PROBE_MS = 100
+"""Longest WAIT sent before a WAITAOF that counts replicas (ms), in the same round trip. A
+replica answers the primary's ack request as it reads it, before its own fsync; a request
+that arrives with the write itself is answered with the fsync not yet done, and the replica
+says more only once a second. The WAIT makes that first exchange happen, so the WAITAOF's
+request comes after the replica's fsync (with ``appendfsync always``: within a millisecond,
+not a second)."""
+
 CLUSTER_RETRY_FIRST_PAUSE_S = 0.02
 """First pause before a call whose cluster slot is migrating is tried again (s)."""
 

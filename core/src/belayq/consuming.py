@@ -9,11 +9,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
 from .config import QueueConfig
 from .config import check_count as _check_count
 from .constants import CLAIM_NONCE_BYTES, CLUSTER_RETRY_FIRST_PAUSE_S, WAIT_FOREVER_ROUND_S
+from .errors import (
+    CONNECTION_ERROR,
+    OUT_OF_MEMORY,
+    RESPONSE_ERROR,
+    client_errors,
+)
 from .errors import redis_errors as _redis_errors
 from .keeper import KEEPER
 from .keys import QueueKeys
@@ -27,9 +31,11 @@ log = logging.getLogger("belayq")
 _FAILOVER_REPLIES = ("UNBLOCKED", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY")
 
 
+_REDIRECTED = client_errors("AskError", "TryAgainError", "ClusterError")
+
+
 def _failover_reply(exc: Exception) -> bool:
-    e = redis.exceptions
-    if isinstance(exc, (e.AskError, e.TryAgainError, e.ClusterError)):
+    if isinstance(exc, _REDIRECTED):
         return True
     return str(exc).split(" ", 1)[0].upper() in _FAILOVER_REPLIES
 
@@ -107,13 +113,13 @@ class Consuming(Settling):
         """
         try:
             return self.client.execute_command(*self.blmove_command(wait))
-        except redis.exceptions.OutOfMemoryError as exc:
+        except OUT_OF_MEMORY as exc:
             log.info("blocking claim on %s refused by a full server: %s", self.name, exc)
             time.sleep(min(wait, self.config.sweep_interval_ms / 1000))
             return None
-        except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError) as exc:
+        except (*CONNECTION_ERROR, *RESPONSE_ERROR) as exc:
             if not self._scripts.cluster or (
-                isinstance(exc, redis.ResponseError) and not _failover_reply(exc)
+                isinstance(exc, RESPONSE_ERROR) and not _failover_reply(exc)
             ):
                 raise
             log.info("blocking claim on %s ended by a cluster change: %s", self.name, exc)

@@ -21,9 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
-from .errors import ConfigError
+from .errors import RESPONSE_ERROR, ConfigError
 from .keys import (
     KOMBU_SEP,
     RQ_QUEUE_PREFIX,
@@ -211,7 +209,7 @@ def _members(client: Any, key: str) -> set[bytes]:
     """The members of a set; nothing when the key holds something else (not ours to read)."""
     try:
         return set(client.smembers(key))
-    except redis.ResponseError:
+    except RESPONSE_ERROR:
         return set()
 
 
@@ -227,7 +225,7 @@ def _framework_knows(client: Any, kind: str, name: str, records: list[QueueRecor
         stats = QueueKeys.build(name, prefix=prefix).stats
         try:
             schema, _ = client.hmget(stats, ["schema", SHARDS_FIELD])
-        except redis.ResponseError:  # not a hash: not a belayq queue's counters
+        except RESPONSE_ERROR:  # not a hash: not a belayq queue's counters
             return False
         return schema is not None
     return False

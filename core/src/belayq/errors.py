@@ -1,16 +1,68 @@
-"""One exception tree for belayq; redis-py errors are translated at the core's boundary
-(:func:`redis_errors`)."""
+"""One exception tree for belayq; the client library's errors (redis-py's, or valkey-py's)
+are translated at the core's boundary (:func:`redis_errors`)."""
 
 from __future__ import annotations
 
 import functools
 import re
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, TypeVar
 
 import redis
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+Errors = tuple[type[Exception], ...]
+
+#: The exception modules of the client libraries whose clients belayq accepts: redis-py's,
+#: and valkey-py's when it is installed (a fork with exception classes of its own, which an
+#: ``except redis.ResponseError`` would miss).
+_LIBRARIES: list[ModuleType] = [redis.exceptions]
+try:
+    import valkey.exceptions as _valkey_exceptions
+except ImportError:  # valkey-py is optional
+    pass
+else:
+    _LIBRARIES.append(_valkey_exceptions)
+
+#: redis-py's names that valkey-py spells otherwise.
+_VALKEY_NAMES = {"RedisError": "ValkeyError", "RedisClusterException": "ValkeyClusterException"}
+
+
+def client_errors(*names: str) -> Errors:
+    """The exception classes called ``names`` in redis-py and in valkey-py (where
+    ``RedisError`` is ``ValkeyError``); a name a library's version lacks is left out."""
+    found: list[type[Exception]] = []
+    for module in _LIBRARIES:
+        for name in names:
+            if module is not redis.exceptions:
+                name = _VALKEY_NAMES.get(name, name)
+            cls = getattr(module, name, None)
+            if isinstance(cls, type) and issubclass(cls, Exception):
+                found.append(cls)
+    return tuple(found)
+
+
+#: Every error the client raises (``redis.RedisError``).
+CLIENT_ERROR = client_errors("RedisError")
+#: An error reply of the server (``redis.ResponseError`` and its subclasses below).
+RESPONSE_ERROR = client_errors("ResponseError")
+#: The server could not be reached, or did not answer in time.
+CONNECTION_ERROR = client_errors("ConnectionError", "TimeoutError")
+NO_PERMISSION = client_errors("NoPermissionError")
+OUT_OF_MEMORY = client_errors("OutOfMemoryError")
+READ_ONLY = client_errors("ReadOnlyError")
+NO_SCRIPT = client_errors("NoScriptError")
+#: A cluster client's own errors: no node serves a slot, a node cannot be connected.
+CLUSTER_ERROR = client_errors("RedisClusterException")
+#: What a cluster answers while a slot moves or its master fails over.
+REDIRECTS = client_errors(
+    "TryAgainError", "AskError", "MovedError", "ClusterDownError", "ClusterError"
+)
+
+#: What reading INFO of an unknown client may raise.
+_INFO_FAILED: Errors = (*CLIENT_ERROR, AttributeError, TypeError)
 
 
 class BelayqError(Exception):
@@ -46,8 +98,9 @@ class CrossSlot(ConfigError):
 
 
 class DurabilityError(BelayqError):
-    """Fewer replicas (or disks) confirmed a write than ``wait_replicas`` asks for. The write
-    itself happened on the primary; a failover before the replicas catch up may lose it."""
+    """Fewer replicas (or disks) confirmed a write than ``wait_replicas`` and ``wait_aof`` ask
+    for. The write itself happened on the primary; a failover before the replicas catch up
+    (or, unconfirmed on the primary's disk, a crash of the primary) may lose it."""
 
 
 class ConnectionLost(BelayqError, ConnectionError):
@@ -81,15 +134,15 @@ _OOM = "OOM command not allowed"
 
 def script_error(exc: BaseException) -> BelayqError | None:
     """The belayq error a script's error reply stands for, or None for any other error."""
-    if not isinstance(exc, redis.ResponseError):
+    if not isinstance(exc, RESPONSE_ERROR):
         return None
-    if isinstance(exc, redis.exceptions.OutOfMemoryError) or _OOM in str(exc):
+    if isinstance(exc, OUT_OF_MEMORY) or _OOM in str(exc):
         return OutOfMemory(f"the Redis server is full and refused the call: {exc}")
     found = _SCRIPT_ERROR.search(str(exc))
     if found is not None:
         kind = NotPermitted if found.group(1) == "not permitted" else ConfigError
         return kind(found.group(2))
-    if isinstance(exc, redis.exceptions.NoPermissionError):
+    if isinstance(exc, NO_PERMISSION):
         return NotPermitted(f"the server's ACL refuses a command belayq needs (docs/acl.md): {exc}")
     return None
 
@@ -100,9 +153,9 @@ def left_primary(exc: BaseException) -> bool:
     or ``UNBLOCKED`` (a blocked BLMOVE the server ended when its role changed: it moved
     nothing). The call belongs on the new primary; a new connection finds it (a Sentinel
     -managed client asks the sentinels; a virtual IP or DNS name has moved)."""
-    if isinstance(exc, redis.ReadOnlyError):
+    if isinstance(exc, READ_ONLY):
         return True
-    return isinstance(exc, redis.ResponseError) and str(exc).startswith("UNBLOCKED")
+    return isinstance(exc, RESPONSE_ERROR) and str(exc).startswith("UNBLOCKED")
 
 
 def drop_connections(client: Any) -> None:
@@ -119,7 +172,7 @@ def _memory_figures(client: Any) -> str:
     (each node's on a cluster), or why they cannot be read."""
     try:
         info = client.info("memory")
-    except (redis.RedisError, AttributeError, TypeError) as exc:
+    except _INFO_FAILED as exc:
         return f"maxmemory and its policy could not be read: {exc}"
     nodes = info.values() if info and all(isinstance(v, dict) for v in info.values()) else [info]
     return "; ".join(
@@ -140,18 +193,18 @@ def out_of_memory(client: Any, call: str, exc: BaseException) -> OutOfMemory:
 
 
 def redis_errors(fn: F) -> F:
-    """Translate redis-py's errors at the core's boundary: the error replies of belayq's
-    scripts (:func:`script_error`) into their belayq errors; connection errors, and a
-    demoted primary's answers (:func:`left_primary`: then the connections of the owner's
-    client are dropped), into :class:`ConnectionLost`."""
+    """Translate the client library's errors (redis-py's or valkey-py's) at the core's
+    boundary: the error replies of belayq's scripts (:func:`script_error`) into their belayq
+    errors; connection errors, and a demoted primary's answers (:func:`left_primary`: then
+    the connections of the owner's client are dropped), into :class:`ConnectionLost`."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except CONNECTION_ERROR as exc:
             raise ConnectionLost(f"Redis unreachable during {fn.__name__}: {exc}") from exc
-        except redis.ResponseError as exc:
+        except RESPONSE_ERROR as exc:
             mapped = script_error(exc)
             if isinstance(mapped, OutOfMemory):
                 client = getattr(args[0], "client", None) if args else None

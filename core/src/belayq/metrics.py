@@ -33,11 +33,12 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from .blocking import node_client
-from .errors import BelayqError, ConnectionLost
+from .errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from .models import text as _text
+
+#: The errors of a queue that cannot be read: it is left out of the scrape, and logged.
+_SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
 
 if TYPE_CHECKING:
     from .queue import ReliableQueue
@@ -104,7 +105,7 @@ def _opened(item: AnyQueue | Callable[[], AnyQueue]) -> AnyQueue | None:
         return item()
     except ConnectionLost:
         raise
-    except (BelayqError, redis.ResponseError) as exc:
+    except _SHOWN as exc:
         log.warning("metrics: a queue left out of this scrape: %s", exc)
         return None
 
@@ -178,7 +179,7 @@ class QueueCollector:
                 samples = list(_samples(q))
             except ConnectionLost:
                 raise
-            except (BelayqError, redis.ResponseError) as exc:
+            except _SHOWN as exc:
                 log.warning("metrics: queue %r (%s) left out of this scrape: %s", q.name,
                             q.kind, exc)
                 continue

@@ -19,18 +19,18 @@ keepers, which extend on the new primary at once.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError
 
 from .models import text as _text
 
@@ -67,21 +67,38 @@ def _asked(pool: Any) -> Any:
     return pool.connection_kwargs.get("connection_pool", pool)
 
 
-def _own_client(user: Any) -> redis.Redis:
+def _library(obj: Any) -> ModuleType:
+    """The client library ``obj`` (a client, a pool) belongs to: ``redis`` (redis-py) or
+    ``valkey`` (valkey-py, whose classes do not mix with redis-py's)."""
+    return sys.modules.get(type(obj).__module__.split(".")[0]) or redis
+
+
+def _part(obj: Any, module: str) -> Any:
+    """Module ``module`` (``"retry"``, ``"sentinel"``...) of ``obj``'s client library."""
+    return importlib.import_module(f"{_library(obj).__name__}.{module}")
+
+
+def _master_not_found(pool: Any, message: str) -> Exception:
+    """The library's own ``MasterNotFoundError`` (a ConnectionError) for ``pool``."""
+    error: type[Exception] = _part(pool, "sentinel").MasterNotFoundError
+    return error(message)
+
+
+def _own_client(user: Any) -> Any:
     """A connection to the sentinel ``user`` reaches, with its credentials and TLS, but with
-    hard timeouts and no retry."""
+    hard timeouts and no retry (a client of ``user``'s own library)."""
     upool = user.connection_pool
     kwargs = {k: v for k, v in upool.connection_kwargs.items() if k not in _OWN}
     timeout = upool.connection_kwargs.get("socket_timeout") or SENTINEL_TIMEOUT_S
     timeout = min(float(timeout), SENTINEL_TIMEOUT_S)
-    pool = redis.ConnectionPool(
+    pool = _library(user).ConnectionPool(
         connection_class=upool.connection_class,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
+        retry=_part(user, "retry").Retry(_part(user, "backoff").NoBackoff(), 0),
         **kwargs,
     )
-    return redis.Redis(connection_pool=pool)
+    return type(user)(connection_pool=pool)
 
 
 def _state(reply: Any) -> dict[str, str]:
@@ -154,13 +171,13 @@ class PrimaryWatcher:
                 return True, address
         return answered, None
 
-    def _ask_first(self, sentinel: redis.Redis) -> None:
+    def _ask_first(self, sentinel: Any) -> None:
         with self._lock:
             if self._sentinels[0] is not sentinel:
                 self._sentinels.remove(sentinel)
                 self._sentinels.insert(0, sentinel)
 
-    def _ask_last(self, sentinel: redis.Redis) -> None:
+    def _ask_last(self, sentinel: Any) -> None:
         with self._lock:
             if self._sentinels[-1] is not sentinel:
                 self._sentinels.remove(sentinel)
@@ -216,7 +233,8 @@ class PrimaryWatcher:
             answered, address = self.lookup()
             self._learn(answered, address)
         if address is None:
-            raise MasterNotFoundError(
+            raise _master_not_found(
+                pool,
                 f"No master found for {self.service!r}: no sentinel named a usable primary "
                 f"within {SENTINEL_TIMEOUT_S} s each"
             )
@@ -230,11 +248,12 @@ class PrimaryWatcher:
                 return
             self._pools.add(pool)
         ref = weakref.ref(pool)
+        gone = _master_not_found(pool, f"the pool of {self.service!r} is gone")
 
         def get_master_address() -> Address:
             watched = ref()
             if watched is None:  # pragma: no cover - a connection outlives its pool
-                raise MasterNotFoundError(f"the pool of {self.service!r} is gone")
+                raise gone
             return self.primary_for(watched)
 
         # redis-py's connections call this on every connect (SentinelManagedConnection).

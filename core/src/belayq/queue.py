@@ -154,11 +154,11 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
                 f"consumers and run `belayq upgrade` (README: 'Upgrading from "
                 "schema 1')."
             )
+        if self.config.durable:  # refused before the registry records anything
+            self._scripts.wait_for_replicas(versions)
         if self._record:
             self._adopt(record_or_warn(Registry(self.client, self.config.prefix),
                                        self.record()))
-        if self.config.wait_replicas:
-            self._scripts.wait_for_replicas(versions)
 
     def record(self, shards: int = 1) -> QueueRecord:
         """What the registry keeps of this queue as this object opened it."""

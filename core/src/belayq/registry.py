@@ -40,10 +40,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-import redis
-
 from .config import QueueConfig
-from .errors import ConfigError
+from .errors import NO_PERMISSION, ConfigError
 from .keys import registry_key
 
 log = logging.getLogger("belayq")
@@ -260,7 +258,7 @@ def record_or_warn(registry: Registry, rec: QueueRecord) -> QueueRecord:
     not find it and other processes do not learn its limits."""
     try:
         return registry.record(rec)
-    except redis.exceptions.NoPermissionError as exc:
+    except NO_PERMISSION as exc:
         if registry.key not in _REFUSED:
             _REFUSED.add(registry.key)
             log.warning(

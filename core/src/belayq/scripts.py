@@ -15,42 +15,48 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import redis
-from redis.exceptions import NoScriptError
-
 from . import client_info
 from .config import QueueConfig
-from .constants import CLUSTER_RETRY_FIRST_PAUSE_S, CLUSTER_RETRY_MAX_PAUSE_S
-from .errors import ConfigError, ConnectionLost, DurabilityError
+from .constants import (
+    AOF_ACK_PROBE_MS,
+    CLUSTER_RETRY_FIRST_PAUSE_S,
+    CLUSTER_RETRY_MAX_PAUSE_S,
+)
+from .errors import (
+    CLIENT_ERROR,
+    CLUSTER_ERROR,
+    CONNECTION_ERROR,
+    NO_PERMISSION,
+    NO_SCRIPT,
+    REDIRECTS,
+    RESPONSE_ERROR,
+    ConfigError,
+    ConnectionLost,
+    DurabilityError,
+    Errors,
+)
 from .keys import QueueKeys
 from .sources import SCRIPT_NAMES, key_roles, library, sha, source
 
 Arg = str | bytes | int | float
 
-#: Errors a cluster answers while a slot moves: the script ran nothing; run it again.
-_REDIRECTS: tuple[type[Exception], ...] = tuple(
-    getattr(redis.exceptions, n)
-    for n in ("TryAgainError", "AskError", "MovedError", "ClusterDownError", "ClusterError")
-    if hasattr(redis.exceptions, n)
-)
 
 #: What a cluster client meets while a master fails over: its node refuses connections
 #: (killed) or stops answering, until a replica takes its slots over. redis-py retries a
 #: few times within a second; a failover takes ``cluster-node-timeout`` and more. A call
 #: that may have run is safe to send again: publishes and claims answer a re-sent request
 #: id from their reply memo, settles are fenced by the claim's token.
-_FAILING_OVER: tuple[type[Exception], ...] = (
-    redis.ConnectionError,
-    redis.TimeoutError,
-    redis.exceptions.RedisClusterException,  # SlotNotCoveredError, "cannot be connected"
-)
+_FAILING_OVER = (*CONNECTION_ERROR, *CLUSTER_ERROR)  # CLUSTER_ERROR: SlotNotCoveredError...
+
+#: What reading the primary's replication state may raise (the hint is left out then).
+_HINT_FAILED: Errors = (*CLIENT_ERROR, ValueError, TypeError)
 
 
 def _lost_scripts(reply: Any) -> bool:
     """Whether a reply says the server has lost belayq's scripts or library (restart,
     failover, SCRIPT FLUSH, FUNCTION FLUSH): the call ran nothing."""
-    return isinstance(reply, NoScriptError) or (
-        isinstance(reply, redis.ResponseError) and str(reply).startswith("Function not found")
+    return isinstance(reply, NO_SCRIPT) or (
+        isinstance(reply, RESPONSE_ERROR) and str(reply).startswith("Function not found")
     )
 
 
@@ -62,7 +68,7 @@ def refresh_slots(client: Any) -> None:
         return
     try:
         manager.initialize()
-    except (*_REDIRECTS, *_FAILING_OVER):
+    except (*REDIRECTS, *_FAILING_OVER):
         pass
 
 
@@ -83,6 +89,7 @@ class ScriptRunner:
         self.vectors = {n: self._vector(n) for n in SCRIPT_NAMES}
         self.cluster = client_info.is_cluster(client)
         self.wait_command: tuple[Arg, ...] | None = None  # see wait_for_replicas
+        self._ack_probe: tuple[Arg, ...] | None = None  # a WAIT before the WAITAOF
         # FCALL of belayq's function library (Redis 7.0+, one server) or EVALSHA; decided
         # on the first call (see _pick_functions).
         self._functions: bool | None = None if config.lua_functions is not False else False
@@ -149,7 +156,7 @@ class ScriptRunner:
         """A reply that ran nothing and that loading (or falling back to scripts) cures."""
         if _lost_scripts(reply):
             return True
-        return bool(self._functions) and isinstance(reply, redis.exceptions.NoPermissionError)
+        return bool(self._functions) and isinstance(reply, NO_PERMISSION)
 
     def _reload(self, reply: Any = None) -> None:
         """Load the library (or the scripts) after a call found them missing. A client that
@@ -159,12 +166,12 @@ class ScriptRunner:
             self._load_scripts()
             return
         refusal: Exception | None = None
-        if isinstance(reply, redis.exceptions.NoPermissionError):
+        if isinstance(reply, NO_PERMISSION):
             refusal = reply
         else:
             try:
                 self.client.execute_command("FUNCTION", "LOAD", library()[1])
-            except redis.ResponseError as exc:
+            except RESPONSE_ERROR as exc:
                 if "already exists" in str(exc):  # another process loaded it meanwhile
                     return
                 refusal = exc
@@ -208,7 +215,7 @@ class ScriptRunner:
             else:
                 try:
                     reply = self.client.execute_command(*command)
-                except redis.ResponseError as exc:
+                except RESPONSE_ERROR as exc:
                     reply = exc
             if attempt == 1 and self._recoverable(reply):
                 self._reload(reply)
@@ -224,48 +231,83 @@ class ScriptRunner:
         assert self.wait_command is not None
         pipe = self._node_client().pipeline(transaction=False)
         pipe.execute_command(*command)
+        if self._ack_probe is not None:
+            pipe.execute_command(*self._ack_probe)
         pipe.execute_command(*self.wait_command)
-        reply, confirmed = pipe.execute(raise_on_error=False)
-        return reply, confirmed
+        replies = pipe.execute(raise_on_error=False)
+        return replies[0], replies[-1]
 
     def wait_for_replicas(self, versions: list[str]) -> None:
-        """Make durable calls wait for ``wait_replicas`` replicas: WAITAOF (their disks and
-        the primary's) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
-        appendonly on; else WAIT."""
+        """Make durable calls wait: for ``wait_replicas`` replicas and the primary's AOF
+        fsync (WAITAOF) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
+        appendonly on and ``appendfsync always`` (with ``everysec`` a replica confirms its
+        fsync about once a second: each call would wait that long); else for the replicas
+        alone (WAIT).
+
+        Raises:
+            ConfigError: ``wait_aof=True`` on a server without WAITAOF (Redis before 7.2,
+                fakeredis) or without appendonly: no write could ever be confirmed.
+        """
         c = self.config
         has_waitaof = bool(versions) and all(
             client_info.version_tuple(v) >= (7, 2) for v in versions
         )
         aof = c.wait_aof
         if aof is None:
-            aof = has_waitaof and client_info.aof_enabled(self.client)
+            aof = (
+                has_waitaof
+                and client_info.aof_enabled(self.client)
+                and client_info.aof_fsync_always(self.client)
+            )
         elif aof and not has_waitaof:
             raise ConfigError(
-                f"wait_aof=True needs WAITAOF (Redis 7.2+); the server runs {versions or '?'}"
+                "wait_aof=True needs the WAITAOF command (Redis 7.2+ or Valkey); the server "
+                f"runs {', '.join(versions) if versions else 'a version that does not say'}. "
+                "Upgrade it, or leave wait_aof unset: wait_replicas then waits for the "
+                "replicas' memory (WAIT), not for any disk"
+            )
+        elif aof and not client_info.aof_enabled(self.client):
+            raise ConfigError(
+                "wait_aof=True needs appendonly yes on the server (WAITAOF confirms fsyncs "
+                "of the append-only file, which it does not write now): turn it on "
+                "(appendonly yes in its configuration, or CONFIG SET appendonly yes), or "
+                "leave wait_aof unset"
             )
         if aof:
             self.wait_command = ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
+            if c.wait_replicas:
+                probe_ms = min(c.wait_timeout_ms, AOF_ACK_PROBE_MS)
+                self._ack_probe = ("WAIT", c.wait_replicas, probe_ms)
         else:
             self.wait_command = ("WAIT", c.wait_replicas, c.wait_timeout_ms)
 
     def _check_durable(self, confirmed: Any) -> None:
         wanted = self.config.wait_replicas
+        within = f"within {self.config.wait_timeout_ms} ms"
         if isinstance(confirmed, Exception):
-            raise DurabilityError(f"could not wait for {wanted} replica(s): {confirmed}")
+            raise DurabilityError(f"could not wait for the write to be confirmed: {confirmed}")
         if isinstance(confirmed, list):  # WAITAOF: [local fsyncs, replica fsyncs]
             local, replicas = int(confirmed[0]), int(confirmed[1])
-            if local < 1 or replicas < wanted:
+            if local < 1:
                 raise DurabilityError(
-                    f"the write is on the primary, but only {replicas} of {wanted} replica(s) "
-                    f"{'and not the primary ' if local < 1 else ''}confirmed it on disk within "
-                    f"{self.config.wait_timeout_ms} ms: a failover now could lose it"
+                    "the write is in the primary's memory, but its append-only file did not "
+                    f"reach the disk {within}: a crash of the primary now could lose it"
+                )
+            if replicas < wanted:
+                hint = self._replicas_hint(wanted) or (
+                    " (a replica confirms only with appendonly yes)"
+                )
+                raise DurabilityError(
+                    f"the write is on the primary's disk, but only {replicas} of {wanted} "
+                    f"replica(s) confirmed it on theirs {within}: a failover now could lose "
+                    f"it{hint}"
                 )
             return
         if int(confirmed) < wanted:
             raise DurabilityError(
                 f"the write is on the primary, but only {int(confirmed)} of {wanted} "
-                f"replica(s) confirmed it within {self.config.wait_timeout_ms} ms: a failover "
-                f"now could lose it{self._replicas_hint(wanted)}"
+                f"replica(s) confirmed it {within}: a failover now could lose "
+                f"it{self._replicas_hint(wanted)}"
             )
 
     def _replicas_hint(self, wanted: int) -> str:
@@ -274,7 +316,7 @@ class ScriptRunner:
         try:
             info = self._node_client().info("replication")
             connected = int(info.get("connected_slaves", -1))
-        except (redis.RedisError, ValueError, TypeError):
+        except _HINT_FAILED:
             return ""
         if 0 <= connected < wanted:
             return (
@@ -298,7 +340,7 @@ class ScriptRunner:
         while True:
             try:
                 return call()
-            except (*_REDIRECTS, *_FAILING_OVER) as exc:
+            except (*REDIRECTS, *_FAILING_OVER) as exc:
                 if time.monotonic() >= deadline:
                     raise ConnectionLost(
                         f"this queue's cluster slot stayed redirected or unreachable for "

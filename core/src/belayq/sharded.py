@@ -36,10 +36,8 @@ import random
 from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
-import redis
-
 from .claim_any import claim_any
-from .errors import ConfigError
+from .errors import NO_PERMISSION, ConfigError
 from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys, shard_names
 from .models import Delivery, Published, SweepResult
@@ -109,7 +107,7 @@ class ShardedQueue(ShardedAdmin):
         """Record the logical queue; a drained plain queue sharded now (its shard count in
         its stats hash allowed it, see :meth:`_record_count`) is recorded anew."""
         registry = Registry(self.client, self.config.prefix)
-        with contextlib.suppress(redis.exceptions.NoPermissionError):  # warned below
+        with contextlib.suppress(*NO_PERMISSION):  # warned below
             old = registry.get("belayq", self.name)
             if old is not None and old.shards != mine.shards:
                 registry.forget("belayq", self.name)

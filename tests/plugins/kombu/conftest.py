@@ -1,5 +1,6 @@
-"""Fixtures for the kombu transport: belayq:// URLs on the test redis-server, unique queue
-names, and real ``celery worker`` subprocesses."""
+"""Fixtures for the kombu transport: belayq:// URLs on the test redis-server (a valkey-server
+for a test on Valkey: ``server_kind``), unique queue names, and real ``celery worker``
+subprocesses."""
 
 from __future__ import annotations
 
@@ -25,8 +26,11 @@ CELERY = [sys.executable, "-m", "celery"]
 
 
 @pytest.fixture
-def port(redis_server: Any) -> int:
-    return int(redis_server.port)
+def port(request: pytest.FixtureRequest, server_kind: str) -> int:
+    """The port of the test server: Redis (``redis_server``), or Valkey 9.1
+    (``valkey_server``) for a test on Valkey (``server_kind``)."""
+    name = {"redis": "redis_server", "valkey": "valkey_server"}[server_kind]
+    return int(request.getfixturevalue(name).port)
 
 
 @pytest.fixture

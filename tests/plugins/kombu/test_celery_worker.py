@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import redis
 
+from tests.conftest import ON_BOTH
 from tests.support import wait_for
 
 from .conftest import CELERY, HERE, Worker
@@ -103,6 +104,7 @@ def test_kill9_of_the_main_process_mid_task_loses_nothing(
     assert restarts[0] < 15, restarts  # generous: a shared 2-core box
 
 
+@ON_BOTH
 def test_kill9_of_a_pool_child_mid_task_reruns_it(
     workers: Callable[..., Worker], celery_env: dict[str, str], records: Records
 ) -> None:

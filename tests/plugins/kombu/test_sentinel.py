@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from belayq.embedded import RedisSentinelServers
-from tests.sentinel.conftest import sentinel_command, start_sentinels  # noqa: F401
+from tests.sentinel.conftest import data_binary, sentinel_command, start_sentinels  # noqa: F401
 from tests.support import wait_for
 
 from .conftest import HERE, Worker

@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[3]
 RQ_BIN = Path(sys.executable).with_name("rq")
 
 
-@pytest.fixture(scope="session")
-def rq_server(private_redis: RedisServer) -> RedisServer:
-    """The redis-server the RQ tests flush before each test."""
-    return private_redis
+@pytest.fixture
+def rq_server(private_server: RedisServer) -> RedisServer:
+    """The server the RQ tests flush before each test: a redis-server, or a valkey-server
+    for a test on Valkey (``server_kind``)."""
+    return private_server
 
 
 @pytest.fixture

@@ -71,6 +71,22 @@ def assert_settled_cleanly(conn: redis.Redis, queue: str, job_id: str) -> None:
 def test_kill9_of_worker_and_horse_runs_the_job_on_another_worker(
     conn: redis.Redis, workers: Workers, queues: tuple[str, ...], worker_class: str
 ) -> None:
+    kill9_worker_and_horse(conn, workers, queues, worker_class)
+
+
+@pytest.mark.servers("valkey")
+def test_kill9_of_worker_and_horse_on_valkey(
+    conn: redis.Redis, workers: Workers, server_kind: str
+) -> None:
+    """The same on Valkey 9.1 (one representative; every test here runs on Valkey with
+    ``--all-servers``)."""
+    assert conn.info("server")["server_name"] == "valkey"
+    kill9_worker_and_horse(conn, workers, ("high", "q1"), FAST)
+
+
+def kill9_worker_and_horse(
+    conn: redis.Redis, workers: Workers, queues: tuple[str, ...], worker_class: str
+) -> None:
     w1 = workers.start(*queues, worker_class=worker_class)
     job = rq.Queue("q1", connection=conn).enqueue(jobs.sleeper, 2.5)
     (_, horse, _), = wait_for(lambda: started(conn, job.id), 30, "the first attempt to start")

@@ -16,7 +16,7 @@ from typing import Any
 import redis
 
 from ..discovery import Found, NoQueue, find, layout_of, open_found
-from ..errors import BelayqError, ConfigError, NotPermitted
+from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors, NotPermitted
 from ..keys import SCHEMA_VERSION, QueueKeys
 from ..kinds import tools_for
 from ..models import text as _text
@@ -27,6 +27,9 @@ from .serving import cmd_dashboard, cmd_demo, cmd_exporter
 from .targets import CliError, connect, explain, found_names, redact
 
 __all__ = ["main"]
+
+#: The errors shown to the user (a queue that cannot be read, an unreachable server).
+_SHOWN: Errors = (BelayqError, *CLIENT_ERROR)
 
 #: Replays and purges run in batches of this many, printing their progress.
 BATCH = 1000
@@ -51,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             exc = CliError(explain(exc, args.url))
         print(f"belayq {args.command}: {exc}", file=sys.stderr)
         return ERROR
-    except (BelayqError, redis.RedisError) as exc:
+    except _SHOWN as exc:
         print(f"belayq {args.command}: {explain(exc, args.url or 'the Redis server')}",
               file=sys.stderr)
         return ERROR

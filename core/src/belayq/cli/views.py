@@ -9,16 +9,17 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import zip_longest
 from typing import Any
 
-import redis
-
 from ..admin import BELL, parse_meta
 from ..discovery import Found
-from ..errors import BelayqError, ConnectionLost
+from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import tools_for
 from ..metrics import server_ms
 from ..models import text as _text
 from ..queue import ReliableQueue
 from ..sharded import AnyQueue, parts_of
+
+#: The errors shown to the user (a queue that cannot be read, an unreachable server).
+_SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
 
 #: Characters of a payload shown in a listing.
 PREVIEW_CHARS = 120
@@ -147,7 +148,7 @@ def queue_rows(
             rows.append(queue_row(f, open_one(f)))
         except ConnectionLost:
             raise
-        except (BelayqError, redis.ResponseError) as exc:
+        except _SHOWN as exc:
             rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
                          "error": f"{type(exc).__name__}: {exc}"})
     return rows

@@ -23,15 +23,21 @@ from .server import (
 
 
 def redis_sentinel_command(binary: str | None = None) -> list[str]:
-    """The command that starts a Sentinel: ``redis-sentinel`` (on PATH, or next to
-    ``binary``), else ``<redis-server> --sentinel`` (the same program in sentinel mode).
+    """The command that starts a Sentinel of the same server as ``binary``: the sentinel
+    program installed beside it (``redis-sentinel`` beside ``redis-server``,
+    ``valkey-sentinel`` beside ``valkey-server``), else that server in sentinel mode
+    (``<binary> --sentinel``). Without ``binary``: ``redis-sentinel`` on PATH first, then
+    as for :func:`redis_server_binary`'s choice.
 
     Raises:
         ConfigError: No redis-server at all (see :func:`redis_server_binary`).
     """
+    candidates = [] if binary else [shutil.which("redis-sentinel")]
     server = binary or redis_server_binary()
-    beside = Path(server).with_name("redis-sentinel")
-    for candidate in (shutil.which("redis-sentinel"), str(beside)):
+    name = Path(server).name
+    if name.endswith("-server"):
+        candidates.append(str(Path(server).with_name(name[: -len("server")] + "sentinel")))
+    for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK) and Path(candidate).is_file():
             return [candidate]
     return [server, "--sentinel"]
@@ -83,7 +89,7 @@ class RedisSentinel:
         if not _answers_ping(self.proc, self.port, 10.0):
             log = self.log()[-2000:]
             self.stop()
-            raise RuntimeError(f"redis-sentinel did not answer on port {self.port}: {log}")
+            raise RuntimeError(f"the sentinel did not answer on port {self.port}: {log}")
         return self
 
     def stop(self) -> None:

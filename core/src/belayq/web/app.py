@@ -35,9 +35,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..cli import views
 from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
-from ..errors import BelayqError, ConfigError
+from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors
 from ..sharded import AnyQueue
 from .demo import DemoPool, PoolSettings
+
+#: The errors shown to the user (a queue that cannot be read, an unreachable server).
+_SHOWN: Errors = (BelayqError, *CLIENT_ERROR)
 
 STATIC = Path(__file__).parent / "static"
 #: Rows of each list the page shows.
@@ -197,7 +200,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
                 return JSONResponse({"error": str(exc.args[0])}, status_code=404)
             except (CliError, ConfigError, TypeError, ValueError) as exc:
                 return JSONResponse({"error": str(exc)}, status_code=400)
-            except (BelayqError, redis.RedisError) as exc:
+            except _SHOWN as exc:
                 return JSONResponse({"error": f"{type(exc).__name__}: {exc}"}, status_code=503)
             return JSONResponse(result)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from ..errors import ConfigError
+from ..errors import CLIENT_ERROR, ConfigError
 from ..queue import ReliableQueue
 
 #: The job kinds the demo page enqueues.
@@ -121,7 +121,7 @@ class DemoPool:
                     if stop.wait(s.latency_ms / 1000):
                         break  # close() below hands the claim back
                     q = self._finish(q, d, n, s)
-        except redis.RedisError:
+        except CLIENT_ERROR:
             self._count("errors")
         finally:
             q.close()
