@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,8 @@ import redis
 from belayq import ReliableQueue
 from belayq.cli import main
 from belayq.embedded import RedisServer, free_port
-from tests.conftest import client_of, make_client
+from tests.conftest import any_binary, client_of, make_client, unavailable
+from tests.security.test_tls import make_ca
 
 
 @pytest.fixture
@@ -79,3 +81,22 @@ def scrape_once(url: str, *argv: str) -> dict[str, float]:
             assert series not in out, f"two samples of {series}"
             out[series] = float(value)
     return out
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
+    """(server, TLS port, CA file): a redis-server with a plain port and a TLS port."""
+    d = tmp_path_factory.mktemp("tls")
+    ca = make_ca(d)
+    port = free_port()
+    server = RedisServer(any_binary(), args=[
+        "--tls-port", str(port), "--tls-cert-file", str(d / "server.pem"),
+        "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(ca),
+        "--tls-auth-clients", "no",
+    ])  # fmt: skip
+    try:
+        server.start()
+    except RuntimeError as exc:
+        unavailable(f"this redis-server has no TLS support: {exc}")
+    yield server, port, ca
+    server.stop()

@@ -23,29 +23,8 @@ import redis
 from belayq import Delivery, ReliableQueue, ShardedQueue
 from belayq.blocking import BlockingClaim
 from belayq.claim_any import claim_any
-from belayq.embedded import RedisServer, free_port
-from tests.conftest import any_binary, unavailable
-from tests.security.test_tls import make_ca
+from belayq.embedded import RedisServer
 from tests.support import wait_for
-
-
-@pytest.fixture(scope="module")
-def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
-    """(server, TLS port, CA file): a redis-server with a plain port and a TLS port."""
-    d = tmp_path_factory.mktemp("tls")
-    ca = make_ca(d)
-    port = free_port()
-    server = RedisServer(any_binary(), args=[
-        "--tls-port", str(port), "--tls-cert-file", str(d / "server.pem"),
-        "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(ca),
-        "--tls-auth-clients", "no",
-    ])  # fmt: skip
-    try:
-        server.start()
-    except RuntimeError as exc:
-        unavailable(f"this redis-server has no TLS support: {exc}")
-    yield server, port, ca
-    server.stop()
 
 
 def tls_client_of(

@@ -16,7 +16,7 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer, free_port
-from tests.conftest import any_binary, unavailable
+from tests.conftest import any_binary
 from tests.core.conftest import run
 
 PASSWORD = "s3cret-pw-xyz"
@@ -42,27 +42,6 @@ def locked() -> Iterator[RedisServer]:
                           commands=["+ping"], keys=["*"])
         admin.close()
         yield server
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[RedisServer, int, Path]]:
-    """(server, TLS port, CA file): a redis-server with a plain port and a TLS port."""
-    from tests.security.test_tls import make_ca
-
-    d = tmp_path_factory.mktemp("tls")
-    ca = make_ca(d)
-    port = free_port()
-    server = RedisServer(any_binary(), args=[
-        "--tls-port", str(port), "--tls-cert-file", str(d / "server.pem"),
-        "--tls-key-file", str(d / "server.key"), "--tls-ca-cert-file", str(ca),
-        "--tls-auth-clients", "no",
-    ])  # fmt: skip
-    try:
-        server.start()
-    except RuntimeError as exc:
-        unavailable(f"this redis-server has no TLS support: {exc}")
-    yield server, port, ca
-    server.stop()
 
 
 def test_a_database_out_of_range_names_the_servers_reason_and_the_database(
@@ -125,9 +104,9 @@ def test_passwords_and_acls_name_the_servers_reason_and_the_user(
 
 
 def test_tls_on_one_side_only_or_an_unknown_ca_is_said(
-    tls: tuple[RedisServer, int, Path], capsys: pytest.CaptureFixture[str]
+    tls_server: tuple[RedisServer, int, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    server, port, ca = tls
+    server, port, ca = tls_server
     err = one_line_error(capsys, "queues", "--url", f"redis://127.0.0.1:{port}/0")
     assert "rediss://" in err  # plain redis:// to the TLS port
     err = one_line_error(capsys, "queues", "--url",
