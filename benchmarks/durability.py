@@ -13,6 +13,8 @@ free ports:
   own fsync); ``wait_aof=True, wait_replicas=1`` (WAITAOF 1 1: the primary's and the
   replica's fsync); and ``wait_replicas=1, wait_aof=False`` (WAIT 1: the replica's memory),
   for comparison.
+* **aof, lone primary**: the same server with no replica, ``everysec`` and ``always``: no
+  wait against ``wait_aof=True`` (WAITAOF 1 0).
 
 Each loop publishes one message at a time for ``--seconds``, then claims (``count=1``) and
 acks every one of them. Printed: messages/s and per-call latency (p50, p99) of the median
@@ -22,7 +24,6 @@ repetition, and each rate as a ratio of the no-wait rate of the same setup and r
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -52,6 +53,17 @@ def _wait_link(replica: redis.Redis) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError("the replica did not attach")
         time.sleep(0.05)
+
+
+@contextmanager
+def alone(binary: str, args: list[str]) -> Iterator[redis.Redis]:
+    """One server with ``args`` and no replica; yields a client of it."""
+    with RedisServer(binary, args=args) as server:
+        client = redis.Redis(port=server.port)
+        try:
+            yield client
+        finally:
+            client.close()
 
 
 @contextmanager
@@ -138,6 +150,8 @@ AOF_MODES: dict[str, dict[str, Any]] = {
     "wait_replicas=1, wait_aof=False (WAIT 1)": {"wait_aof": False, "wait_replicas": 1},
 }
 
+ALONE_MODES = {label: AOF_MODES[label] for label in list(AOF_MODES)[:2]}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
@@ -169,6 +183,11 @@ def main() -> None:
                 results = measure(r, AOF_MODES, args.seconds, args.reps)
             table(f"aof: {name} primary + 1 replica, both appendonly yes, appendfsync {fsync}",
                   AOF_MODES, results)
+        for fsync in ("everysec", "always"):
+            with alone(binary, ["--appendonly", "yes", "--appendfsync", fsync]) as r:
+                results = measure(r, ALONE_MODES, args.seconds, args.reps)
+            table(f"aof, lone primary: {name}, appendonly yes, appendfsync {fsync}, no replica",
+                  ALONE_MODES, results)
 
 
 if __name__ == "__main__":

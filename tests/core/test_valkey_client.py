@@ -10,6 +10,8 @@ configuration, its ACL or its role.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -134,3 +136,28 @@ def test_a_user_the_acl_refuses_scripts_gets_not_permitted(
     with pytest.raises(NotPermitted):
         q.publish(b"x")
     assert admin.keys(f"*{qname}*ready*") == []
+
+
+def test_without_valkey_py_the_core_catches_redis_py_errors_alone() -> None:
+    """valkey-py is optional: without it the core imports and catches redis-py's classes."""
+    code = (
+        "import sys; sys.modules['valkey'] = None\n"
+        "import redis, belayq\n"
+        "from belayq.errors import RESPONSE_ERROR, CLIENT_ERROR, client_errors\n"
+        "assert RESPONSE_ERROR == (redis.exceptions.ResponseError,), RESPONSE_ERROR\n"
+        "assert CLIENT_ERROR == (redis.exceptions.RedisError,), CLIENT_ERROR\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_both_libraries_classes_are_caught() -> None:
+    from belayq.errors import CLIENT_ERROR, CLUSTER_ERROR, NO_SCRIPT, RESPONSE_ERROR
+
+    assert valkey.exceptions.ValkeyError in CLIENT_ERROR
+    assert valkey.exceptions.ResponseError in RESPONSE_ERROR
+    assert valkey.exceptions.NoScriptError in NO_SCRIPT
+    assert valkey.exceptions.ValkeyClusterException in CLUSTER_ERROR
+    assert {c.__module__.split(".")[0] for c in RESPONSE_ERROR} == {"redis", "valkey"}
