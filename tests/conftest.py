@@ -95,7 +95,8 @@ def server_kind(request: pytest.FixtureRequest) -> str:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--all-servers", action="store_true",
-        help="run every test that takes server_kind on Redis and on Valkey (the soak matrix)",
+        help="run every test that takes server_kind on Valkey as well as Redis (the soak "
+             "matrix)",
     )
 
 
@@ -103,13 +104,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "servers(*kinds): the servers a server_kind test runs on by default (redis, redis62, "
-        "valkey); --all-servers adds Redis and Valkey to every such test",
+        "valkey); --all-servers adds Valkey to every such test that runs on Redis",
     )
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize ``server_kind`` by the ``servers`` marker (and ``--all-servers``); a test
-    left on Redis alone is not parametrized (its id stays as it was)."""
+    """Parametrize ``server_kind`` by the ``servers`` marker; ``--all-servers`` adds the
+    soak servers to every test that runs on Redis (not to one marked for another server
+    only). A test left on Redis alone is not parametrized (its id stays as it was)."""
     if "server_kind" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("servers")
@@ -117,7 +119,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     unknown = [k for k in kinds if k not in SERVER_KINDS]
     if unknown:
         raise pytest.UsageError(f"servers({unknown}): known servers are {sorted(SERVER_KINDS)}")
-    if metafunc.config.getoption("all_servers"):
+    if metafunc.config.getoption("all_servers") and "redis" in kinds:
         kinds += [k for k in SOAK_KINDS if k not in kinds]
     if kinds != ["redis"]:
         metafunc.parametrize("server_kind", kinds, indirect=True)
