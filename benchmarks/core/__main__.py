@@ -12,6 +12,10 @@ What it measures (medians over ``--reps``, with min-max):
   the raw floor ``BLMOVE`` + ``LREM`` (2 round trips per message), plus two reference
   floors: the same pair pipelined 100 at a time, and the baseline's smallest loop with a
   lease (Lua ``LMOVE``+``ZADD``, then ``MULTI LREM ZREM EXEC``);
+* the server's CPU time per message of every loop (``INFO cpu`` user+sys delta: scripts,
+  commands and socket I/O), against the raw floor of the same path in the same rep, and
+  its breakdown (:mod:`.breakdown`): what the ACL checks, the reply memo, the recovery
+  steps, the counters, the ten priority levels and the call's keys and arguments cost;
 * round trips and commands per message for every loop: round trips and top-level
   commands counted client-side (a counting redis-py ``Connection``; a pipeline is one round
   trip), and every command the server ran (``INFO commandstats`` delta: it includes the
@@ -44,6 +48,7 @@ from belayq.embedded import RedisServer
 from belayq.keeper import KEEPER
 
 from .counting import make_client
+from .breakdown import run_breakdown
 from .environment import environment
 from .loops import run_throughput
 from .memory import run_memory
@@ -75,6 +80,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--blocked-reps", type=int, default=1,
                     help="kill -9 runs of each blocked-claim() variant (0 = skip them; "
                     "their timing is set by the sweep period and the BLMOVE cap)")
+    ap.add_argument("--breakdown-n", type=int, default=5000,
+                    help="messages per loop of the server-CPU breakdown (0 = skip it)")
+    ap.add_argument("--only-cpu", action="store_true",
+                    help="measure the throughput loops and the breakdown only (no memory, "
+                    "no kill -9 runs)")
     ap.add_argument("--json", type=Path, help="write every rep's numbers here")
     args = ap.parse_args(argv)
     crash_reps = args.reps if args.crash_reps is None else args.crash_reps
@@ -104,8 +114,18 @@ def main(argv: list[str] | None = None) -> int:
                 throughput.setdefault(name, []).append(asdict(sample))
         res["throughput"] = throughput
 
+        breakdown: list[dict[str, dict[str, float]]] = []
+        for rep in range(args.reps if args.breakdown_n else 0):
+            progress(f"server CPU breakdown rep {rep + 1}/{args.reps}")
+            breakdown.append(run_breakdown(r, args.breakdown_n, args.payload_bytes, args.batch))
+        res["breakdown"] = breakdown
+        if args.only_cpu:  # neither memory nor kill -9 runs
+            mem_reps = crash_reps = blocked_reps = 0
+        else:
+            mem_reps, blocked_reps = args.reps, args.blocked_reps
+
         memory = []
-        for rep in range(args.reps):
+        for rep in range(mem_reps):
             progress(f"memory rep {rep + 1}/{args.reps}")
             memory.append(run_memory(r, args.n, args.payload_bytes, args.batch))
         res["memory"] = memory
@@ -113,16 +133,17 @@ def main(argv: list[str] | None = None) -> int:
         recovery = []
         window = max(args.leases) / 1000 + 10
         runs = [(lease, "poll", crash_reps) for lease in args.leases]
-        runs += [(min(args.leases), c, args.blocked_reps) for c in ("blocked", "blocked-nokeeper")]
-        for rep in range(max(crash_reps, args.blocked_reps)):
+        runs += [(min(args.leases), c, blocked_reps) for c in ("blocked", "blocked-nokeeper")]
+        for rep in range(max(crash_reps, blocked_reps)):
             for lease, consumer, reps in runs:
                 if rep >= reps:
                     continue
                 progress(f"kill -9 rep {rep + 1}/{reps}, lease_ms={lease}, {consumer}")
                 rec = crash_belayq(r, server.port, lease, consumer, args.poll_s, window)
                 recovery.append(asdict(rec))
-        progress(f"kill -9 of a raw BLMOVE consumer, watching {args.raw_window:.0f} s")
-        recovery.append(asdict(crash_raw(r, server.port, args.poll_s, args.raw_window)))
+        if not args.only_cpu:
+            progress(f"kill -9 of a raw BLMOVE consumer, watching {args.raw_window:.0f} s")
+            recovery.append(asdict(crash_raw(r, server.port, args.poll_s, args.raw_window)))
         res["recovery"] = recovery
         res["loadavg_end"] = os.getloadavg()
         res["elapsed_s"] = time.monotonic() - t_start

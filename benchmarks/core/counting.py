@@ -83,6 +83,13 @@ def server_calls(r: redis.Redis) -> tuple[int, int, int]:
     return calls, lua_usec, all_usec
 
 
+def server_cpu_s(r: redis.Redis) -> float:
+    """The server process's CPU time so far (INFO cpu: user + system, every thread): the
+    scripts, the commands and the socket I/O of every client."""
+    info = r.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 @dataclass
 class Sample:
     """One timed loop."""
@@ -95,10 +102,12 @@ class Sample:
     server_cmds_per_msg: float
     keeper_rt: int
     server_usec_per_msg: float = 0.0
+    server_cpu_us_per_msg: float = 0.0
 
 
 def measure(r: redis.Redis, n: int, fn: Callable[[], None]) -> Sample:
     srv0, lua0, all0 = server_calls(r)
+    cpu0 = server_cpu_s(r)
     rt0, cmd0 = counts()
     krt0, _ = counts("belayq-lease-keeper")
     t0 = time.perf_counter()
@@ -106,15 +115,18 @@ def measure(r: redis.Redis, n: int, fn: Callable[[], None]) -> Sample:
     dt = time.perf_counter() - t0
     rt1, cmd1 = counts()
     krt1, _ = counts("belayq-lease-keeper")
+    cpu1 = server_cpu_s(r)
     srv1, lua1, all1 = server_calls(r)
-    # srv1 includes the first INFO itself; the client counters exclude both INFOs.
+    # srv1 includes the first INFO commandstats and both INFO cpu; the client counters
+    # exclude every INFO.
     return Sample(
         msgs=n,
         seconds=dt,
         rate=n / dt,
         rt_per_msg=(rt1 - rt0) / n,
         cmds_per_msg=(cmd1 - cmd0) / n,
-        server_cmds_per_msg=(srv1 - srv0 - 1) / n,
+        server_cmds_per_msg=(srv1 - srv0 - 3) / n,
         keeper_rt=krt1 - krt0,
         server_usec_per_msg=((lua1 - lua0) or (all1 - all0)) / n,
+        server_cpu_us_per_msg=(cpu1 - cpu0) * 1e6 / n,
     )

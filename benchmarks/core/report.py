@@ -33,9 +33,14 @@ def report(res: dict[str, Any]) -> str:
         f"load avg start {env['loadavg_start'][0]:.2f} end {res['loadavg_end'][0]:.2f}",
     ]
     out += throughput_section(res["throughput"], a["batch"])
+    out += server_cpu_section(res["throughput"], a["batch"])
+    if res.get("breakdown"):
+        out += breakdown_section(res["breakdown"], a["batch"])
     out += round_trips_section(res["throughput"], a["batch"])
-    out += memory_section(res["memory"], a)
-    out += recovery_section(res["recovery"], a)
+    if res["memory"]:
+        out += memory_section(res["memory"], a)
+    if res["recovery"]:
+        out += recovery_section(res["recovery"], a)
     return "\n".join(out)
 
 
@@ -61,6 +66,63 @@ def throughput_section(loops: dict[str, list[dict[str, Any]]], b: int) -> list[s
               rows),
         "belayq/raw = ratio of the medians; same-rep ratios = median (min-max) of each rep's "
         "belayq/raw, measured seconds apart, which cancels part of the host's drift.",
+    ]
+
+
+#: The server-CPU targets: (belayq loop, raw loop) -> the most belayq/raw may be.
+CPU_TARGETS = {
+    ("bq_publish", "raw_lpush"): 1.3,
+    ("bq_claim1_ack", "raw_blmove_lrem"): 1.3,
+    ("bq_claim100_ack_many", "raw_blmove_lrem"): 0.15,
+}
+
+
+def server_cpu_section(loops: dict[str, list[dict[str, Any]]], b: int) -> list[str]:
+    def cpu(name: str) -> list[float]:
+        return [s["server_cpu_us_per_msg"] for s in loops[name]]
+
+    rows = []
+    for label, bq, raw in THROUGHPUT_ROWS:
+        paired = [x / y for x, y in zip(cpu(bq), cpu(raw), strict=True)]
+        target = CPU_TARGETS.get((bq, raw))
+        rows.append([
+            label.format(b=b),
+            span(cpu(bq), ".1f"),
+            LOOP_LABELS[raw].format(b=b),
+            span(cpu(raw), ".1f"),
+            span(paired, ".2f"),
+            f"<= {target}" if target else "-",
+            ("met" if med(paired) <= target else "NOT met") if target else "-",
+        ])
+    return [
+        "\n## Server CPU per message (us, INFO cpu user+sys delta / n, median (min-max))\n",
+        table(["path", "belayq", "raw floor", "floor", "belayq/floor (same rep)", "target",
+               ""], rows),
+        "Everything the server process spent while the loop ran: the scripts, the commands, "
+        "the socket reads and writes of every round trip, and the lease keeper's calls. One "
+        "Redis core is the ceiling of one hot queue: this bounds a node's messages per second.",
+    ]
+
+
+def breakdown_section(reps: list[dict[str, dict[str, float]]], b: int) -> list[str]:
+    shipped = "as shipped"
+    noop = "no-op call, same keys and arguments"
+    paths = list(reps[0][shipped])
+    rows = [[shipped, *(span([r[shipped][p] for r in reps], ".1f") for p in paths)]]
+    for part in reps[0]:
+        if part in (shipped, noop):
+            continue
+        saved = [[r[shipped][p] - r[part][p] for r in reps] for p in paths]
+        rows.append([part, *(f"{med(x):.1f}" for x in saved)])
+    rows.append([noop + " (whole call)",
+                 *(f"{med([r[noop][p] for r in reps]):.1f}" for p in paths)])
+    return [
+        "\n## Server CPU per message, part by part (us, median over reps)\n",
+        table(["part", *(p.format(b=b) for p in paths)], rows),
+        "'as shipped' is the whole cost; each part's row is what the run without it saved "
+        "(a benchmark-only edit of the Lua, or one priority level instead of ten); the no-op "
+        "row is the whole server cost of calling a function that does nothing with the same "
+        "keys and arguments (socket I/O, parsing, the call), the floor no script goes below.",
     ]
 
 

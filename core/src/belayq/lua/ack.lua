@@ -21,7 +21,7 @@
 -- @include copies
 -- @include counters
 -- @include history
--- @include holds
+-- @include meta
 
 local k = {leases = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4],
   history_done = KEYS[5]}
@@ -33,40 +33,50 @@ for i = 8, #ARGV, step do
   text_arg(i + 1, 'token')
 end
 
--- Every claim's state is read before anything is written. A message named twice is acked
--- once; the second answers as a re-sent ack does.
+-- Every claim's state is read before anything is written (one HMGET). A message named
+-- twice is acked once; the second answers as a re-sent ack does.
 local now = (EVENTS or HISTORY_MAX > 0) and now_ms() or 0
-local out, settle = {}, {}
-local acked, stale = 0, 0
-for i = 8, #ARGV, step do
-  local id = ARGV[i]
-  local m = not settle[id] and holds(meta, id, ARGV[i + 1])
-  if m then
-    settle[id] = {m = m, result = step == 3 and ARGV[i + 2] or '',
-      payload = HISTORY_MAX > 0 and redis.call('HGET', payloads, id)}
-    acked = acked + 1
-    out[#out + 1] = 1
-  elseif not settle[id] and (redis.call('HEXISTS', meta, id) == 1 or
-      redis.call('HEXISTS', payloads, id) == 1) then
+local ids = {}
+for i = 8, #ARGV, step do ids[#ids + 1] = ARGV[i] end
+local packed = sliced(function(...) return redis.call('HMGET', meta, ...) end, ids)
+local out, settled, done, told = {}, {}, {}, {}
+local stale = 0
+for j, id in ipairs(ids) do
+  local i = 8 + (j - 1) * step
+  local token = ARGV[i + 1]
+  local record = packed[j]
+  if done[id] then
+    out[j] = 1
+  elseif record and token ~= '0' and meta_token_is(record, token) then
+    done[id] = true
+    settled[#settled + 1] = id
+    if EVENTS or HISTORY_MAX > 0 then
+      told[#told + 1] = {id = id, m = meta_parse(record), result = step == 3 and ARGV[i + 2] or '',
+        payload = HISTORY_MAX > 0 and redis.call('HGET', payloads, id)}
+    end
+    out[j] = 1
+  elseif record or redis.call('HEXISTS', payloads, id) == 1 then
     stale = stale + 1
-    out[#out + 1] = 0
+    out[j] = 0
   else
-    out[#out + 1] = 1
+    out[j] = 1
   end
 end
 
-for i = 8, #ARGV, step do
-  local id = ARGV[i]
-  local s = settle[id]
-  if s and not s.done then
-    s.done = true
-    note_history(k.history_done, id, s.m, 'result', s.result, s.payload, now)
-    emit(k, 'completed', id, s.m, nil, now)
-    redis.call('ZREM', leases, id)
-    forget_record(k, id)
-    redis.call('HDEL', payloads, id)
+for _, t in ipairs(told) do
+  note_history(k.history_done, t.id, t.m, 'result', t.result, t.payload, now)
+  emit(k, 'completed', t.id, t.m, nil, now)
+end
+if #settled > 0 then
+  sliced(function(...) return redis.call('ZREM', leases, ...) end, settled)
+  sliced(function(...) return redis.call('HDEL', meta, ...) end, settled)
+  sliced(function(...) return redis.call('HDEL', payloads, ...) end, settled)
+  if INLINE then
+    for _, id in ipairs(settled) do
+      if string.find(id, ' #', 1, true) then copy_gone(k, id) end
+    end
   end
 end
-count(stats, 'acked', acked)
+count(stats, 'acked', #settled)
 count(stats, 'stale_acks', stale)
 return out

@@ -38,9 +38,7 @@ elseif redis.call('LREM', k.processing, 1, entry) == 0 then
   count(k.stats, 'lost_claims', 1)
   out[2] = 1
 else
-  local d = take(k, entry, 1, now, a.lease_ms, a.nonce .. #out, a.starts, true)
-  if d then
-    for _, v in ipairs(d) do out[#out + 1] = v end
+  if take(k, out, {entry}, 1, now, a.lease_ms, a.nonce, a.starts, true) == 1 then
     want = want - 1
   else
     out[2] = 1

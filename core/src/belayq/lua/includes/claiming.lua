@@ -16,24 +16,37 @@ local function claim_args(total)
     nonce = text_arg(11, 'nonce'), starts = flag_arg(12, 'starts')}
 end
 
--- Claim up to `want` ready entries with leases, appending the deliveries to `out`. Tokens
--- are the client's random `nonce` plus a sequence number within the call, so no rollback
--- of the server (failover, restart) can hand out a token twice. Returns how many.
+-- How many entries one pop takes at most (Lua unpacks a bounded number of values at once).
+local POP_MAX = 1000
+
+-- Claim up to `want` ready entries with leases, appending the deliveries to `out` (see
+-- take). Returns how many.
+--
+-- With the starvation floor on, each claim picks its level (pick_level). Else the levels
+-- are popped in order, each for as many entries as are still wanted: a level that gives
+-- fewer is empty, and a bell met on the way is dropped (fix_door rings again if needed).
 local function claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, out)
   local got, tries = 0, 0
-  while got < want and tries < want + 64 do
-    tries = tries + 1
-    local lvl = pick_level(k.levels, k.stats, floor_every)
-    if not lvl then break end
-    local entry = pop_head(k.levels[lvl])
-    if not entry then break end
-    if entry ~= BELL then
-      local d = take(k, entry, lvl, now, lease_ms, nonce .. #out, starts, false)
-      if d then
-        for _, v in ipairs(d) do out[#out + 1] = v end
-        got = got + 1
-      end
+  if floor_every > 0 and not TRANSIENT and #k.levels > 1 then
+    while got < want and tries < want + 64 do
+      tries = tries + 1
+      local lvl = pick_level(k.levels, k.stats, floor_every)
+      if not lvl then break end
+      local entry = pop_head(k.levels[lvl])
+      if not entry then break end
+      got = got + take(k, out, {entry}, lvl, now, lease_ms, nonce, starts, false)
     end
+    return got
+  end
+  local lvl = 1
+  while got < want and lvl <= #k.levels and tries < want + 64 do
+    local asked = math.min(want - got, POP_MAX)
+    local entries = pop_head_n(k.levels[lvl], asked)
+    tries = tries + #entries
+    if #entries > 0 then
+      got = got + take(k, out, entries, lvl, now, lease_ms, nonce, starts, false)
+    end
+    if #entries < asked then lvl = lvl + 1 end
   end
   return got
 end

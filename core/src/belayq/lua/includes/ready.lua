@@ -20,6 +20,15 @@ local function pop_head(list)
   return redis.call(HEAD_LEFT and 'LPOP' or 'RPOP', list)
 end
 
+-- Up to n entries off the head of `list`, head first; an empty table when it is empty.
+local function pop_head_n(list, n)
+  if n == 1 then
+    local entry = pop_head(list)
+    return entry and {entry} or {}
+  end
+  return redis.call(HEAD_LEFT and 'LPOP' or 'RPOP', list, n) or {}
+end
+
 local function level_in(levels, l)
   if l < 1 then return 1 end
   if l > #levels then return #levels end
