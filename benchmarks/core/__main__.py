@@ -47,8 +47,8 @@ from typing import Any
 from belayq.embedded import RedisServer
 from belayq.keeper import KEEPER
 
-from .counting import make_client
 from .breakdown import run_breakdown
+from .counting import make_client
 from .environment import environment
 from .loops import run_throughput
 from .memory import run_memory
