@@ -11,9 +11,10 @@ and with a batch) run once as belayq ships and once with one part of the work ta
 * the call itself: a no-op function given the same keys and arguments as the real ones
   (the argument packing and parsing, and the call), measured apart.
 
-A part's cost is the full run's server CPU per message minus the run without it, measured
-in the same rep. Each edit must apply, or the run stops: a renamed Lua line cannot leave a
-part silently measured as free.
+A part's cost is the scripts' server time per message (``INFO commandstats`` usec of the
+function calls, which varies far less from run to run than the process's CPU time) of the
+full run minus that of the run without it, measured in the same rep. Each edit must apply,
+or the run stops: a renamed Lua line cannot leave a part silently measured as free.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ PARTS: tuple[Part, ...] = (
 )
 
 
-def _run_paths(w: Workload, options: dict[str, Any]) -> dict[str, float]:
+def _run_paths(w: Workload, options: dict[str, Any]) -> dict[str, tuple[float, float]]:
+    """Per path: (server CPU us/msg, the scripts' server time us/msg)."""
     out = {}
     for name, body, filled in PATHS:
         fresh(w.r)
@@ -115,7 +117,7 @@ def _run_paths(w: Workload, options: dict[str, Any]) -> dict[str, float]:
             bq_drained(w, q)
         else:
             q.close(release=False)
-        out[name] = sample.server_cpu_us_per_msg
+        out[name] = (sample.server_cpu_us_per_msg, sample.server_usec_per_msg)
     return out
 
 
@@ -163,13 +165,17 @@ def _noop_calls(w: Workload) -> dict[str, float]:
     return out
 
 
-def run_breakdown(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, dict[str, float]]:
-    """One rep: server CPU us/msg per path, as shipped and without each part, and of the
-    no-op call."""
+def run_breakdown(r: redis.Redis, n: int, size: int, batch: int) -> dict[str, dict[str, Any]]:
+    """One rep, per path: (server CPU, scripts' time) us/msg as shipped and without each
+    part, and the server CPU us/msg of the no-op call."""
     payloads = make_payloads(n, size, b"b")
     w = Workload(r, n, batch, payloads, chunks(payloads, batch))
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for part in PARTS:
+        # Only this part's library in the server's Lua: every library loaded grows the heap
+        # that Lua's garbage collector walks, which would tax the parts measured later.
+        r.execute_command("FUNCTION", "FLUSH", "SYNC")
+        r.script_flush("SYNC")
         with edited_lua(part.edits):
             out[part.name] = _run_paths(w, dict(part.options))
     out["no-op call, same keys and arguments"] = _noop_calls(w)

@@ -104,25 +104,35 @@ def server_cpu_section(loops: dict[str, list[dict[str, Any]]], b: int) -> list[s
     ]
 
 
-def breakdown_section(reps: list[dict[str, dict[str, float]]], b: int) -> list[str]:
+def breakdown_section(reps: list[dict[str, dict[str, Any]]], b: int) -> list[str]:
     shipped = "as shipped"
     noop = "no-op call, same keys and arguments"
     paths = list(reps[0][shipped])
-    rows = [[shipped, *(span([r[shipped][p] for r in reps], ".1f") for p in paths)]]
+
+    def col(part: str, p: str, i: int) -> list[float]:
+        return [r[part][p][i] for r in reps]
+
+    rows = [
+        [shipped + ": server CPU", *(span(col(shipped, p, 0), ".1f") for p in paths)],
+        [shipped + ": the scripts' time", *(span(col(shipped, p, 1), ".1f") for p in paths)],
+    ]
     for part in reps[0]:
         if part in (shipped, noop):
             continue
-        saved = [[r[shipped][p] - r[part][p] for r in reps] for p in paths]
-        rows.append([part, *(f"{med(x):.1f}" for x in saved)])
-    rows.append([noop + " (whole call)",
+        saved = [[x - y for x, y in zip(col(shipped, p, 1), col(part, p, 1), strict=True)]
+                 for p in paths]
+        rows.append(["  " + part, *(span(x, ".1f") for x in saved)])
+    rows.append([noop + ": server CPU",
                  *(f"{med([r[noop][p] for r in reps]):.1f}" for p in paths)])
     return [
-        "\n## Server CPU per message, part by part (us, median over reps)\n",
+        "\n## Server time per message, part by part (us, median (min-max) over reps)\n",
         table(["part", *(p.format(b=b) for p in paths)], rows),
-        "'as shipped' is the whole cost; each part's row is what the run without it saved "
-        "(a benchmark-only edit of the Lua, or one priority level instead of ten); the no-op "
-        "row is the whole server cost of calling a function that does nothing with the same "
-        "keys and arguments (socket I/O, parsing, the call), the floor no script goes below.",
+        "Server CPU = INFO cpu delta / n (all of it: I/O too); the scripts' time = INFO "
+        "commandstats usec of the function calls / n. Each indented part is what the scripts' "
+        "time dropped by without it (a benchmark-only edit of the Lua, or one priority level "
+        "instead of ten), in the same rep. The no-op row is the server CPU of calling a "
+        "function that does nothing with the same keys and arguments (socket I/O, parsing, the "
+        "call): the floor no script goes below.",
     ]
 
 

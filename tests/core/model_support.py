@@ -348,19 +348,21 @@ class Model:
                     got += 1
 
     def remember_claim(self, rid: str, header: list[str | None], out: list[Delivered]) -> None:
+        """The memo keeps the header and the ids: a delivery's token is the nonce and its
+        position in the reply, its counts are in its record."""
         if out:
-            kept = list(header)
-            for mid, _, token, n, a in out:
-                kept += [mid, token, str(n), str(a)]
-            self.memo_put("r:" + rid, kept, 0)
+            self.memo_put("r:" + rid, list(header) + [d[0] for d in out], 0)
 
-    def replay_claim(self, kept: list[str], header: int) -> tuple[list[int], list[Delivered]]:
+    def replay_claim(
+        self, kept: list[str], header: int, nonce: str, starts: bool
+    ) -> tuple[list[int], list[Delivered]]:
         out = []
-        for i in range(header, len(kept), 4):
-            mid, token, n, a = kept[i : i + 4]
+        for j, mid in enumerate(kept[header:]):
+            token = f"{nonce}{header + 5 * j}"
             m = self.meta.get(mid)
             if m is not None and m.t == token and mid in self.payloads:
-                out.append((mid, self.payloads[mid], token, int(n), int(a)))
+                a = m.a if starts or not m.s else m.a - 1
+                out.append((mid, self.payloads[mid], token, m.n, a))
         return [int(h) for h in kept[:header]], out
 
     # -- recover.lua ---------------------------------------------------------------------

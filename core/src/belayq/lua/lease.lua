@@ -27,7 +27,7 @@ local entry = any_arg(13, 'entry')
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
-if earlier then return replay_claim(k, earlier, 2) end
+if earlier then return replay_claim(k, earlier, 2, a.nonce, a.starts) end
 
 -- The entry is taken first (it may be the oldest landing entry), then the bounded
 -- recovery runs as in claim.lua.

@@ -20,7 +20,10 @@ What they add to RQ's workers:
   ``away.py``) nor a job (a run whose end RQ could not record is left to its claim instead
   of being FAILED by the connection error).
 
-:class:`FewerRoundTripsMixin` (opt-in) sends RQ's own bookkeeping repeats once.
+* RQ's own bookkeeping repeats are sent once: a heartbeat that would set the worker key's
+  expiry within ``_REPEAT_S`` of the one just sent to the same TTL, and a state already
+  written within ``_REPEAT_S`` (RQ sends three heartbeats and two "idle" writes around
+  every job). Nothing RQ, ``rq info`` or a dashboard reads changes by more than that.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from .claims import claim_of, driving
 from .queue import Queue
 
 log = logging.getLogger("belayq_rq")
-#: FewerRoundTripsMixin: RQ's own writes repeated within this (s) are sent once.
+#: RQ's own heartbeats and state writes repeated within this (s) are sent once.
 _REPEAT_S = 0.1
 #: RQ's records of a job's start are retried for this share of the lease while the server
 #: restarts or fails over: the job has not started, and the other half still lets the
@@ -122,6 +125,38 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
         queue_class = _upgrade_queue_class(type(self), kwargs.get("queue_class"))
         kwargs["queue_class"] = queue_class
         super().__init__(_upgrade_queues(queues, queue_class), *args, **kwargs)
+
+    # -- RQ's repeated bookkeeping, sent once ----------------------------------------------
+
+    #: When this worker last sent a heartbeat of RQ's default TTL itself (monotonic s);
+    #: -inf once any other heartbeat may have set another TTL since.
+    _belayq_beat_at = float("-inf")
+    _belayq_state_at: tuple[str, float] = ("", float("-inf"))
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """RQ's heartbeat; one of the default TTL sent within ``_REPEAT_S`` of the last
+        (nothing in between set another TTL) is skipped, and a sent one is one round trip."""
+        now = time.monotonic()
+        if pipeline is not None or timeout is not None:
+            self._belayq_beat_at = float("-inf")  # it may set another expiry: send the next
+            super().heartbeat(timeout, pipeline=pipeline)
+            return
+        if now - self._belayq_beat_at < _REPEAT_S:
+            return
+        with self.connection.pipeline(transaction=False) as pipe:
+            super().heartbeat(timeout, pipeline=pipe)
+            pipe.execute()
+        self._belayq_beat_at = now
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        """RQ's state write; the same state this worker wrote itself within ``_REPEAT_S``
+        is not written again."""
+        now = time.monotonic()
+        last, at = self._belayq_state_at
+        if pipeline is None and state == last == self._state and now - at < _REPEAT_S:
+            return
+        super().set_state(state, pipeline=pipeline)
+        self._belayq_state_at = (state, now) if pipeline is None else ("", float("-inf"))
 
     # -- marking what this worker drives (the queues refuse stock workers) ---------------
 
@@ -327,39 +362,8 @@ def _spare_requeued(queue: Queue) -> None:
 
 
 class FewerRoundTripsMixin(rq.worker.BaseWorker):
-    """Opt-in: RQ's own bookkeeping repeats within ``_REPEAT_S`` are sent once.
-
-    A stock worker sends three heartbeats (two round trips each) and writes the same "idle"
-    state twice around every job, within a millisecond. This drops the repeats; the worker
-    key's TTL is minutes, so nothing observable changes. A SimpleWorker job then costs 11
-    round trips instead of 19 (``tests/plugins/rq/test_queue_worker.py`` prints both). It
-    changes RQ's behaviour, not belayq's guarantees, so it is not in the default workers::
-
-        class Worker(belayq_rq.FewerRoundTripsMixin, belayq_rq.Worker): ...
-    """
-
-    _belayq_beat_at = float("-inf")
-    _belayq_state_at: tuple[str, float] = ("", float("-inf"))
-
-    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        now = time.monotonic()
-        if pipeline is not None:
-            super().heartbeat(timeout, pipeline=pipeline)
-        elif timeout is None and now - self._belayq_beat_at < _REPEAT_S:
-            return
-        else:
-            with self.connection.pipeline(transaction=False) as pipe:
-                super().heartbeat(timeout, pipeline=pipe)
-                pipe.execute()
-        self._belayq_beat_at = now
-
-    def set_state(self, state: str, pipeline: Any = None) -> None:
-        now = time.monotonic()
-        last_state, at = self._belayq_state_at
-        if pipeline is None and state == last_state == self._state and now - at < _REPEAT_S:
-            return
-        super().set_state(state, pipeline=pipeline)
-        self._belayq_state_at = (state, now)
+    """Kept so that subclasses written for 0.2.0 still import: the default workers now send
+    RQ's repeated heartbeats and state writes once (:class:`BelayqWorkerMixin`)."""
 
 
 class Worker(BelayqWorkerMixin, rq.worker.Worker):

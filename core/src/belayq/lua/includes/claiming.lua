@@ -51,36 +51,36 @@ local function claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, o
   return got
 end
 
--- Claim replies are {header..., id, payload, token, deliveries, attempts, ...}; they are
--- kept without payloads, which a re-sent call reads back (leaving out claims no longer held
--- under that token). Nothing is kept when nothing was claimed.
+-- Claim replies are {header..., id, payload, token, deliveries, attempts, ...}; the memo
+-- keeps the header and the ids only: the i-th delivery's token is the nonce and its
+-- position in the reply (header + 5 (i - 1)), and its counts are in its record. Nothing is
+-- kept when nothing was claimed.
 local function remember_claim(k, out, header, now)
   if REQUEST_ID == '' or #out <= header then return out end
   local kept = {}
   for i = 1, header do kept[i] = out[i] end
-  for i = header + 1, #out, 5 do
-    kept[#kept + 1] = out[i]
-    kept[#kept + 1] = out[i + 2]
-    kept[#kept + 1] = out[i + 3]
-    kept[#kept + 1] = out[i + 4]
-  end
+  for i = header + 1, #out, 5 do kept[#kept + 1] = out[i] end
   remember(k.memo, k.memo_exp, kept, now)
   return out
 end
 
-local function replay_claim(k, kept, header)
+-- The reply of a re-sent claim: the first run's, leaving out the claims no longer held under
+-- their tokens. A claim whose start the consumer reported since (`starts` off) answers with
+-- the attempts it had when it was claimed.
+local function replay_claim(k, kept, header, nonce, starts)
   local out = {}
   for i = 1, header do out[i] = tonumber(kept[i]) end
-  for i = header + 1, #kept, 4 do
-    local id, token = kept[i], kept[i + 1]
+  for j = header + 1, #kept do
+    local id = kept[j]
+    local token = nonce .. (header + 5 * (j - header - 1))
     local m = meta_get(k.meta, id)
-    local payload = redis.call('HGET', k.payloads, id)
-    if m and m.t == token and payload then
+    local payload = m and m.t == token and redis.call('HGET', k.payloads, id)
+    if payload then
       out[#out + 1] = id
       out[#out + 1] = payload
       out[#out + 1] = token
-      out[#out + 1] = tonumber(kept[i + 2])
-      out[#out + 1] = tonumber(kept[i + 3])
+      out[#out + 1] = m.n
+      out[#out + 1] = (starts or not m.s) and m.a or m.a - 1
     end
   end
   return out
