@@ -518,8 +518,8 @@ def test_an_idle_worker_after_fast_jobs_keeps_rqs_own_heartbeat_ttl(
     workers.start("ttl", worker_class=worker_class, extra=("--worker-ttl", "420"))
     for round_ in range(3):
         js = [q.enqueue(jobs.add, i, 1) for i in range(5)]
-        wait_for(lambda: all(j.get_status() == JobStatus.FINISHED for j in js), 30,
-                 what=lambda: f"round {round_}: jobs finished\n{workers.logs()}")
+        wait_for(lambda js=js: all(j.get_status() == JobStatus.FINISHED for j in js), 30,
+                 what=lambda n=round_: f"round {n}: jobs finished\n{workers.logs()}")
         time.sleep(0.3)  # idle now: blocked in the claim
         [worker] = rq.Worker.all(connection=conn)  # what `rq info` lists
         assert worker.get_state() == "idle"
