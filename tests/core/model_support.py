@@ -347,17 +347,20 @@ class Model:
                     out.append(d)
                     got += 1
 
-    def remember_claim(self, rid: str, header: list[str | None], out: list[Delivered]) -> None:
-        """The memo keeps the header and the ids: a delivery's token is the nonce and its
-        position in the reply, its counts are in its record."""
+    def remember_claim(
+        self, rid: str, header: list[str | None], out: list[Delivered], nonce: str
+    ) -> None:
+        """The memo keeps the header, the nonce and the ids: a delivery's token is the
+        nonce and its position in the reply, its counts are in its record."""
         if out:
-            self.memo_put("r:" + rid, list(header) + [d[0] for d in out], 0)
+            self.memo_put("r:" + rid, [*header, nonce] + [d[0] for d in out], 0)
 
     def replay_claim(
-        self, kept: list[str], header: int, nonce: str, starts: bool
+        self, kept: list[str], header: int, starts: bool
     ) -> tuple[list[int], list[Delivered]]:
         out = []
-        for j, mid in enumerate(kept[header:]):
+        nonce = kept[header]
+        for j, mid in enumerate(kept[header + 1 :]):
             token = f"{nonce}{header + 5 * j}"
             m = self.meta.get(mid)
             if m is not None and m.t == token and mid in self.payloads:
@@ -477,7 +480,7 @@ class Model:
         out: list[Delivered] = []
         self.claim_ready(want, out, tokens)
         self.fix_door()
-        self.remember_claim(rid, [None if due_ms is None else str(due_ms)], out)
+        self.remember_claim(rid, [None if due_ms is None else str(due_ms)], out, rid)
         return out
 
     def blmove(self) -> str | None:
@@ -511,7 +514,7 @@ class Model:
         if want > 0:
             self.claim_ready(want, out, tokens)
         self.fix_door()
-        self.remember_claim(rid, [str(due_ms), "1" if lost else "0"], out)
+        self.remember_claim(rid, [str(due_ms), "1" if lost else "0"], out, rid)
         return lost, out
 
     def ack(self, pairs: list[tuple[str, str]]) -> list[bool]:

@@ -703,7 +703,7 @@ class QueueMachine(RuleBasedStateMachine):
         got = q._take(raw[header:])
         if kept is not None:
             assert {d.token for d in got} <= self.rid_tokens[s.rid]
-            head, expected = self.m.replay_claim(kept, header, str(s.args[4]), s.args[5] == "1")
+            head, expected = self.m.replay_claim(kept, header, s.args[5] == "1")
             assert [int(x) for x in raw[:header]] == head
             self.took(s.consumer, got, expected, fresh=False)
             return

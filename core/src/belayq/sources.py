@@ -27,6 +27,7 @@ deny-oom (``ZADD XX`` of that member), which a full server refuses before anythi
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from functools import cache
@@ -216,6 +217,14 @@ def _preamble(name: str, *, function: bool = False) -> str:
     )
 
 
+def _compact(text: str) -> str:
+    """``text`` without its comment lines and blank lines: what Redis hashes, parses and
+    receives (an RQ ack sends its script's text inside every transaction) halves."""
+    return "\n".join(
+        line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("--")
+    ) + "\n"
+
+
 @cache
 def source(name: str) -> str:
     """The full text of script ``name``: its includes (each once, dependencies first), the
@@ -224,7 +233,7 @@ def source(name: str) -> str:
     includes = _includes(_text(_lua_dir() / f"{name}.lua"), [])
     if "context" not in includes:
         raise ValueError(f"{name}.lua must include context (directly or not)")
-    return f"{_pasted(includes)}\n{_preamble(name)}\n{_own_text(name)}"
+    return _compact(f"{_pasted(includes)}\n{_preamble(name)}\n{_own_text(name)}")
 
 
 @cache
@@ -254,7 +263,7 @@ def library() -> tuple[str, str]:
         f"  return script_{name}()\nend}}"
         for name in SCRIPT_NAMES
     )
-    return lib, f"#!lua name={lib}\n{body}\n{registrations}\n"
+    return lib, f"#!lua name={lib}\n{_compact(body)}{registrations}\n"
 
 
 @cache
@@ -294,3 +303,15 @@ def script_of(command: Sequence[Any]) -> str | None:
 
 #: The commands that run belayq's transitions, as INFO commandstats names them.
 SCRIPT_COMMANDS = ("evalsha", "fcall")
+
+
+def _built_before_fork() -> None:
+    """Build every script's text and the library in the parent of a fork: a child (an RQ
+    work horse, a Celery pool process) then inherits them instead of reading and assembling
+    the Lua files again, which a work horse would do for every job it runs."""
+    for name in SCRIPT_NAMES:
+        sha(name)
+    library()
+
+
+os.register_at_fork(before=_built_before_fork)

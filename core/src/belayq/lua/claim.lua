@@ -38,9 +38,9 @@ local a = claim_args(12)
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
-if earlier then return replay_claim(k, earlier, 1, a.nonce, a.starts) end
+if earlier then return replay_claim(k, earlier, 1, a.starts) end
 
 local out = {recover_bounded(k, now, a.sweep_limit, a.lease_ms)}
 claim_ready(k, a.want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out)
 fix_door(k.levels)
-return remember_claim(k, out, 1, now)
+return remember_claim(k, out, 1, a.nonce, now)

@@ -27,7 +27,7 @@ local entry = any_arg(13, 'entry')
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
-if earlier then return replay_claim(k, earlier, 2, a.nonce, a.starts) end
+if earlier then return replay_claim(k, earlier, 2, a.starts) end
 
 -- The entry is taken first (it may be the oldest landing entry), then the bounded
 -- recovery runs as in claim.lua.
@@ -47,4 +47,4 @@ end
 out[1] = recover_bounded(k, now, a.sweep_limit, a.lease_ms)
 if want > 0 then claim_ready(k, want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out) end
 fix_door(k.levels)
-return remember_claim(k, out, 2, now)
+return remember_claim(k, out, 2, a.nonce, now)

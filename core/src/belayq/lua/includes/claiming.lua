@@ -52,13 +52,14 @@ local function claim_ready(k, want, now, lease_ms, floor_every, nonce, starts, o
 end
 
 -- Claim replies are {header..., id, payload, token, deliveries, attempts, ...}; the memo
--- keeps the header and the ids only: the i-th delivery's token is the nonce and its
--- position in the reply (header + 5 (i - 1)), and its counts are in its record. Nothing is
--- kept when nothing was claimed.
-local function remember_claim(k, out, header, now)
+-- keeps the header, the call's nonce and the ids only: the i-th delivery's token is the
+-- nonce and its position in the reply (header + 5 (i - 1)), and its counts are in its
+-- record. Nothing is kept when nothing was claimed.
+local function remember_claim(k, out, header, nonce, now)
   if REQUEST_ID == '' or #out <= header then return out end
   local kept = {}
   for i = 1, header do kept[i] = out[i] end
+  kept[header + 1] = nonce
   for i = header + 1, #out, 5 do kept[#kept + 1] = out[i] end
   remember(k.memo, k.memo_exp, kept, now)
   return out
@@ -67,12 +68,13 @@ end
 -- The reply of a re-sent claim: the first run's, leaving out the claims no longer held under
 -- their tokens. A claim whose start the consumer reported since (`starts` off) answers with
 -- the attempts it had when it was claimed.
-local function replay_claim(k, kept, header, nonce, starts)
+local function replay_claim(k, kept, header, starts)
   local out = {}
   for i = 1, header do out[i] = tonumber(kept[i]) end
-  for j = header + 1, #kept do
+  local nonce = kept[header + 1]
+  for j = header + 2, #kept do
     local id = kept[j]
-    local token = nonce .. (header + 5 * (j - header - 1))
+    local token = nonce .. (header + 5 * (j - header - 2))
     local m = meta_get(k.meta, id)
     local payload = m and m.t == token and redis.call('HGET', k.payloads, id)
     if payload then
