@@ -110,3 +110,23 @@ def test_a_dequeue_that_times_out_is_retried_by_rqs_loop(
     worker.work(max_jobs=1)
     assert len(calls) >= 2
     assert Job.fetch(job.id, connection=conn).get_status() == JobStatus.FINISHED
+
+
+@pytest.mark.parametrize("worker_class", [belayq_rq.SimpleWorker, belayq_rq.Worker])
+def test_rqs_bookkeeping_of_a_running_worker_is_skipped_while_the_server_is_away(
+    worker_class: Any,
+) -> None:
+    """A worker's own heartbeats and state writes (sent once where RQ repeats them) meet a
+    server that went away: each is skipped, none stops the worker."""
+    server = RedisServer(any_binary()).start()
+    conn = redis.Redis(port=server.port, socket_connect_timeout=0.3,
+                       retry=Retry(NoBackoff(), 0))
+    worker = worker_class(["q"], connection=conn)
+    worker.heartbeat()
+    worker.set_state("idle")
+    server.stop()
+    time.sleep(0.15)  # past the repeat window: both are sent again, to nothing
+    worker.heartbeat()
+    worker.heartbeat(90)
+    worker.set_state("busy")
+    worker.set_state("idle")

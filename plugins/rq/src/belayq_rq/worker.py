@@ -46,7 +46,7 @@ from belayq import BelayqError
 
 from . import settle
 from .away import SERVER_AWAY as _SERVER_AWAY
-from .away import SkipsBookkeepingWhileAway
+from .away import SkipsBookkeepingWhileAway, skipped_if_away
 from .claims import claim_of, driving
 from .queue import Queue
 
@@ -143,10 +143,16 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
             return
         if now - self._belayq_beat_at < _REPEAT_S:
             return
-        with self.connection.pipeline(transaction=False) as pipe:
-            super().heartbeat(timeout, pipeline=pipe)
-            pipe.execute()
-        self._belayq_beat_at = now
+        beat = super().heartbeat
+
+        def send() -> None:
+            with self.connection.pipeline(transaction=False) as pipe:
+                beat(timeout, pipeline=pipe)  # queued: sent by execute()
+                pipe.execute()
+            self._belayq_beat_at = now
+
+        # A server that restarts or fails over skips the beat, as it does RQ's own.
+        skipped_if_away("heartbeat", send)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         """RQ's state write; the same state this worker wrote itself within ``_REPEAT_S``
