@@ -240,8 +240,9 @@ def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
         t = threading.Thread(target=lambda out=out: out.append(q.claim(timeout=20)))
         t.start()
         # 3 claim scripts and 3 BLMOVEs at least (counting works), one blocked on each node.
-        wait_for(lambda t=t: sent[t] >= 6 and blocked() == [1, 1, 1], 10,
-                 lambda: f"a BLMOVE blocked on every node: {blocked()}")  # fmt: skip
+        wait_for(lambda t=t: sent[t] >= 6 and blocked() == [1, 1, 1], 30,
+                 lambda t=t: f"a BLMOVE blocked on every node: {blocked()}, "
+                             f"{sent[t]} commands sent")  # fmt: skip
         settled = [sent[t]]
 
         def quiet(t: threading.Thread = t, settled: list[int] = settled) -> bool:
