@@ -350,8 +350,9 @@ def test_rq_crash_loop_finishes_every_job_and_fails_none(
     # designed. No other job may fail, and a failed one must really have lost 5 runs.
     for i in failed:
         record = runs(conn, i)
+        # A run may reach its body's end and be killed before RQ records it: that run is
+        # lost too (the job is FAILED, so no run's success was recorded).
         assert record.count("start") >= rq_jobs.CrashQueue.max_deliveries, (i, record)
-        assert "done" not in record, (i, record)
     assert len(failed) <= KILLS // rq_jobs.CrashQueue.max_deliveries, failed
     ok = [i for i in ids if i not in failed]
     assert statuses(conn, ok) == {finished: len(ok)}, dict(counts)
