@@ -19,7 +19,7 @@ from .errors import ConfigError, ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
-from .scripts import ScriptRunner
+from .scripts import ScriptRunner, Sent
 
 log = logging.getLogger("belayq")
 T = TypeVar("T")
@@ -44,6 +44,7 @@ def _relock_after_fork() -> None:
         q._retrying = threading.Lock()
         q._held = {}
         q._starting = set()
+        q._sent = []  # the parent's connections: their replies are the parent's to read
         q._unsettled = []
 
 
@@ -60,6 +61,7 @@ class HeldClaims:
     config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
+    _sent: list[tuple[Sent, list[Delivery], set[str]]]
     _unsettled: list[tuple[str, Delivery, str]]
     _lock: threading.Lock
     _retrying: threading.Lock
@@ -70,6 +72,9 @@ class HeldClaims:
     SETTLES = ("ack", "nack", "dead", "release", "defer")
 
     def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+        raise NotImplementedError
+
+    def collect_starts(self) -> None:
         raise NotImplementedError
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> list[bool]:
@@ -321,22 +326,24 @@ class HeldClaims:
             return self.defer([(d, left_ms)]) == 1
         return self.release([d]) == 1
 
+    def _drop_lost(self, deliveries: Sequence[Delivery], extended: Sequence[Any]) -> None:
+        """Forget the claims an extend found no longer held (swept, or claimed again)."""
+        for d, ok in zip(deliveries, extended, strict=True):
+            if not int(ok) and self._still_held(d):
+                log.warning("lease of %s on %s was lost; it will be redelivered", d.id, self.name)
+                self._forget([d])
+
     def heartbeat(self) -> None:
         """Extend every held lease (reporting the starts since the last beat), then retry
         the settlements that could not reach Redis, then run the sweep (the keeper calls
         this). The beat waits on nothing but Redis's answers to those calls: no extend and
         no retried settle waits for replicas, and no sentinel is asked (a Sentinel-managed
         client's primary is looked up off the beat, see :mod:`belayq.primary`)."""
+        self.collect_starts()
         held = self.held
         if held:
             # A claim settled while this runs is refused here without counting as stale.
-            extended = self._extend(held, count_stale=False)
-            for d, ok in zip(held, extended, strict=True):
-                if not ok and self._still_held(d):
-                    log.warning(
-                        "lease of %s on %s was lost; it will be redelivered", d.id, self.name
-                    )
-                    self._forget([d])
+            self._drop_lost(held, self._extend(held, count_stale=False))
         if self._unsettled:
             self.retry_unsettled()
         self.sweep()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import client_info
@@ -33,7 +33,7 @@ from .registry import (
     record_of,
     record_or_warn,
 )
-from .scripts import Arg, ScriptRunner
+from .scripts import Arg, ScriptRunner, Sent
 
 log = logging.getLogger("belayq")
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
@@ -121,6 +121,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         self._use_keeper = keeper
         self._held: dict[str, Delivery] = {}
         self._starting: set[str] = set()
+        self._sent: list[tuple[Sent, list[Delivery], set[str]]] = []
         self._unsettled: list[tuple[str, Delivery, str]] = []
         self._lock = threading.Lock()
         FORKABLE.add(self)
@@ -190,12 +191,17 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
             return []
         return self._extend(deliveries, count_stale=True)
 
-    def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+    def _extend_args(self, deliveries: Sequence[Delivery]) -> tuple[list[Arg], set[str]]:
+        """The extend script's claim triples, and the ids whose start they report."""
         with self._lock:
             reported = {d.id for d in deliveries if d.id in self._starting}
         args: list[Arg] = []
         for d in deliveries:
             args += [d.id, d.token, "1" if d.id in reported else "0"]
+        return args, reported
+
+    def _extend(self, deliveries: Sequence[Delivery], *, count_stale: bool) -> list[bool]:
+        args, reported = self._extend_args(deliveries)
         # Never waits for replicas: an extend a failover loses costs nothing (the claim's
         # lease on the promoted replica is only shorter), and the wait would hold up the
         # lease keeper's beat.
@@ -211,20 +217,51 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
     def start(self, deliveries: Sequence[Delivery], *, now: bool = False) -> None:
         """Report that the consumer started running these claims (their runs count as
         attempts from now on; see ``claim_starts``). The report rides on the lease keeper's
-        next extend, costing no round trip of its own; ``now`` sends it at once (one script),
-        for consumers that run the message in this very process. No-op when
+        next extend, costing no round trip of its own; ``now`` sends it at once, for
+        consumers that run the message in this very process: the report is on its way to
+        Redis when this returns (it gets there even if the process is killed next), and its
+        reply is read later, by the next report or the lease keeper's beat. No-op when
         ``claim_starts`` already counted them.
 
         Raises:
             ConfigError: A claim that is not a Delivery of this queue.
+            ConnectionLost: ``now``, and the report could not be sent; it rides on the
+                keeper's next extend instead.
         """
         deliveries = check_deliveries("start", deliveries, self._owner)
         if self.config.claim_starts or not deliveries:
             return
         with self._lock:
             self._starting.update(d.id for d in deliveries if d.id in self._held)
-        if now:
+        if not now:
+            return
+        self.collect_starts()
+        args, reported = self._extend_args(deliveries)
+        sent = self._scripts.send("extend", self.config.lease_ms, "0", *args)
+        if sent is None:  # a cluster client: sent and read in one call
             self._extend(deliveries, count_stale=False)
+            return
+        with self._lock:
+            self._starting.difference_update(reported)
+            self._sent.append((sent, list(deliveries), reported))
+
+    def collect_starts(self) -> None:
+        """Read the replies of the start reports :meth:`start` sent (``now``). A report
+        whose reply was lost is sent again with the keeper's next extend (a start counts
+        once per claim); a claim it found no longer held is forgotten, as the keeper's beat
+        does."""
+        with self._lock:
+            sent, self._sent = self._sent, []
+        for call, deliveries, reported in sent:
+            try:
+                reply = call.reply()
+            except Exception as exc:  # the keeper's next extend reports them again
+                with self._lock:
+                    self._starting.update(i for i in reported if i in self._held)
+                log.warning("a start report on %s got no reply (%r); the lease keeper "
+                            "sends it again", self.name, exc)
+                continue
+            self._drop_lost(deliveries, reply)
 
     # -- upkeep ----------------------------------------------------------------------
 
@@ -252,14 +289,39 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
             claimed again): the work should not go on. All True with ``claim_starts``, which
             counted the runs at the claim.
         """
+        return self.send_started(claims)()
+
+    @_redis_errors
+    def send_started(self, claims: Sequence[tuple[str, str]]) -> Callable[[], list[bool]]:
+        """:meth:`report_started` without waiting for Redis's answer: the report is on its
+        way when this returns (it gets there even if the process is killed next); the
+        function returned reads the answer (call it once, before the next report). With
+        ``wait_replicas`` or ``wait_aof``, or on a cluster client, the report is sent and
+        answered before this returns.
+
+        Raises:
+            ConnectionLost: The report could not be sent (the returned function raises it
+                too when the answer was lost: the report may or may not have arrived).
+        """
         if self.config.claim_starts or not claims:
-            return [True] * len(claims)
+            outcome = [True] * len(claims)
+            return lambda: outcome
         args: list[Arg] = []
         for msg_id, token in claims:
             args += [msg_id, token, "1"]
-        reply = self._scripts.run("extend", self.config.lease_ms, "0", *args,
-                                  durable=self.config.durable)
-        return [bool(int(x)) for x in reply]
+        c = self.config
+        sent = None if c.durable else self._scripts.send("extend", c.lease_ms, "0", *args)
+        if sent is None:
+            reply = self._scripts.run("extend", c.lease_ms, "0", *args, durable=c.durable)
+            outcome = [bool(int(x)) for x in reply]
+            return lambda: outcome
+        answer = sent.reply
+
+        @_redis_errors
+        def read() -> list[bool]:
+            return [bool(int(x)) for x in answer()]
+
+        return read
 
     @property
     def heartbeat_ms(self) -> int:
@@ -275,6 +337,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         to its lease, with a warning (see :meth:`abandon_unsent` for why)."""
         with self._lock:
             KEEPER.unregister(self)
+        self.collect_starts()
         self.abandon_unsent()
         with self._lock:
             held = list(self._held.values())

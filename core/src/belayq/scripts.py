@@ -351,6 +351,28 @@ class ScriptRunner:
                 pause = min(pause * 2, CLUSTER_RETRY_MAX_PAUSE_S)
                 refresh_slots(self.client)
 
+    def send(self, name: str, *args: Arg) -> Sent | None:
+        """Send script ``name`` on a connection of its own and return without waiting for
+        the reply; :meth:`Sent.reply` reads it later. Once this returns, the command is in
+        the kernel's hands: it reaches the server even if this process is killed next (the
+        connection has nothing unread, so closing it sends what is queued). None on a
+        cluster client, whose connections redis-py keeps per node: the caller runs it.
+
+        Raises:
+            redis.ConnectionError: The command could not be sent (nothing was run).
+        """
+        if self.cluster:
+            return None
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_command(*self._command(name, args, ""))
+        except BaseException:
+            conn.disconnect()
+            pool.release(conn)
+            raise
+        return Sent(self, pool, conn, name, args)
+
     def run_many(self, *calls: tuple[str, list[Arg], str]) -> list[Any]:
         """Run several scripts in one round trip (a pipeline, not a transaction): each call
         is ``(name, args, request_id)``; the replies in order. A call that found its script
@@ -384,3 +406,43 @@ class ScriptRunner:
         raises redis-py's error at once, for a caller that has other queues to serve
         meanwhile (:func:`belayq.claim_any`)."""
         return self._run_once(name, args, request_id, False)
+
+
+class Sent:
+    """A script call sent by :meth:`ScriptRunner.send` whose reply is still unread; its
+    connection stays out of the pool until :meth:`reply` reads it."""
+
+    def __init__(
+        self, runner: ScriptRunner, pool: Any, conn: Any, name: str, args: Sequence[Arg]
+    ) -> None:
+        self._runner = runner
+        self._pool = pool
+        self._conn = conn
+        self._name = name
+        self._args = args
+
+    def reply(self) -> Any:
+        """The call's reply (read once). A call that found its script or library missing
+        ran nothing: it is loaded and the call runs again, waiting this time.
+
+        Raises:
+            redis.ConnectionError: The reply was lost; the call may or may not have run.
+        """
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise RuntimeError("the reply of this call was read already")
+        try:
+            reply = conn.read_response()
+        except RESPONSE_ERROR as exc:
+            reply = exc
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            self._pool.release(conn)
+        if self._runner._recoverable(reply):
+            self._runner._reload(reply)
+            return self._runner._run_once(self._name, self._args, "", False)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply

@@ -4,7 +4,10 @@ A run counts toward ``max_deliveries`` (and then the dead-letter set) once the c
 that it started; what a worker only prefetched never counts. The report must reach Redis
 before the task can do anything, or a task that kills its whole worker at once (main
 process and pool children) is never counted and comes back without limit. So the process
-that runs a task reports it, on Celery's ``task_prerun`` signal, synchronously:
+that runs a task reports it, on Celery's ``task_prerun`` signal, before the body runs. The
+report is written to the connection and its answer read later (at the next report, or the
+lease keeper's beat): once written, the kernel delivers it even if the process is killed
+the next instant, so waiting for the answer would only cost a round trip per task.
 
 * solo and threads pools: the worker's own process, which holds the claim
   (:meth:`.tags.Tags.start_now`);
@@ -21,6 +24,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from belayq import Delivery
@@ -57,9 +61,12 @@ class PoolChild:
         self._connection: Any = None
         self._chan: Any = None
         self._quiet_until = 0.0
+        #: The last report sent: its queue, and the function that reads its answer.
+        self._pending: tuple[str, Callable[[], list[bool]]] | None = None
 
     def report(self, app: Any, claim: Any) -> None:
-        """Report the start of ``claim`` (a :data:`CLAIM_PROPERTY` value) at once."""
+        """Report the start of ``claim`` (a :data:`CLAIM_PROPERTY` value): sent before this
+        returns, its answer read at the next report (the child never waits for Redis)."""
         try:
             queue, msg_id, token = (str(part) for part in claim)
         except (TypeError, ValueError):
@@ -68,13 +75,23 @@ class PoolChild:
             if time.monotonic() < self._quiet_until:
                 return  # Redis was just unreachable: do not delay each task by a timeout
             try:
-                [ok] = self._channel(app).queue(queue).report_started([(msg_id, token)])
+                self._answer()
+                self._pending = (
+                    queue, self._channel(app).queue(queue).send_started([(msg_id, token)])
+                )
             except Exception as exc:  # the task must run anyway: it is counted later
                 log.warning("could not report the start of a task from %s (%r); the worker "
                             "reports it on its next tick", queue, exc)
                 self._close()
                 self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
-                return
+
+    def _answer(self) -> None:
+        """Read the answer of the last report sent."""
+        pending, self._pending = self._pending, None
+        if pending is None or self._pid != os.getpid():
+            return
+        queue, read = pending
+        [ok] = read()
         if not ok:
             log.warning("a task of %s started on a claim that is no longer valid (its lease "
                         "expired): the message may run twice", queue)
@@ -92,6 +109,7 @@ class PoolChild:
 
     def _close(self) -> None:
         self._chan = None
+        self._pending = None
         connection, self._connection = self._connection, None
         if connection is not None:
             try:
