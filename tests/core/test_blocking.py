@@ -144,3 +144,77 @@ def test_a_wait_ends_when_a_delayed_message_falls_due(make_queue: Any, client: A
     assert not claim.look_now(None)  # nothing delayed: a timeout says nothing new
     assert q.ack(d)
     claim.close()
+
+
+def test_a_claim_script_sent_instead_of_a_blmove_claims_when_its_reply_is_read(
+    make_queue: Any, client: Any
+) -> None:
+    q: ReliableQueue = make_queue(client, lease_ms=30_000)
+    ids = [q.publish(f"m{i}".encode()) for i in range(3)]
+    claim = BlockingClaim(q)
+    claim.send_claim(2)
+    assert claim.waiting and claim.claiming == 2
+    assert readable(claim, 2.0)
+    got, due_ms = claim.read_claim()
+    assert [d.id for d in got] == ids[:2] and due_ms == -1
+    assert not claim.waiting and claim.claiming == 0
+    assert q.stats()["in_flight"] == 2 and q.ack_many(got) == [True, True]
+    claim.close()
+
+
+def test_a_claim_script_sent_after_the_scripts_were_flushed_claims_all_the_same(
+    make_queue: Any, client: Any
+) -> None:
+    q: ReliableQueue = make_queue(client, lease_ms=30_000)
+    msg_id = q.publish(b"m")
+    client.script_flush()
+    if q._scripts._functions:
+        client.execute_command("FUNCTION", "FLUSH")
+    claim = BlockingClaim(q)
+    claim.send_claim(1)
+    [d], _ = claim.read_claim()
+    assert d.id == msg_id and q.ack(d)
+    claim.close()
+
+
+def test_cancelling_a_claim_script_hands_what_it_claimed_back_uncounted(
+    make_queue: Any, client: Any
+) -> None:
+    q: ReliableQueue = make_queue(client, lease_ms=30_000)
+    msg_id = q.publish(b"m")
+    claim = BlockingClaim(q)
+    claim.send_claim(1)
+    assert claim.cancel() is None
+    assert not claim.waiting and claim.claiming == 0
+    s = q.stats()
+    assert (s["ready"], s["in_flight"]) == (1, 0), s
+    [d] = q.claim(timeout=1)
+    assert (d.id, d.deliveries) == (msg_id, 1) and q.ack(d)
+    claim.close()
+
+
+def test_a_claimer_killed_before_reading_its_claim_scripts_reply_loses_nothing(
+    make_queue: Any, client: Any
+) -> None:
+    """The claim ran, its reply was never read: the claims come back after their lease."""
+    import subprocess
+    import sys
+
+    q: ReliableQueue = make_queue(client, lease_ms=1_000)
+    msg_id = q.publish(b"m")
+    port = client.connection_pool.connection_kwargs["port"]
+    code = (
+        "import os, signal, redis\n"
+        "from belayq import ReliableQueue\n"
+        "from belayq.blocking import BlockingClaim\n"
+        f"q = ReliableQueue(redis.Redis(port={port}), {q.name!r}, keeper=False, lease_ms=1000)\n"
+        "BlockingClaim(q).send_claim(1)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    assert q.stats()["in_flight"] == 1  # claimed, by nobody alive
+    time.sleep(1.2)
+    q.sweep()
+    [d] = q.claim(timeout=2)
+    assert d.id == msg_id and d.deliveries == 2 and q.ack(d)

@@ -69,6 +69,9 @@ class BlockingClaim:
         self.client_id: int | None = None
         #: When the outstanding BLMOVE was sent (monotonic s); None when none is.
         self.sent_at: float | None = None
+        #: When the outstanding call is a claim script (:meth:`send_claim`), not a BLMOVE:
+        #: how many it asked for, and what turns its reply into deliveries.
+        self._claim: tuple[int, Callable[[Any], tuple[list[Delivery], int]]] | None = None
         #: When the next delayed message falls due, as the last claim reply said (monotonic
         #: s); None when none is delayed. A BLMOVE cannot promote it, so the wait ends then.
         self.due_at: float | None = None
@@ -91,6 +94,7 @@ class BlockingClaim:
             self.conn = pool_connection(self.pool)
         if self.conn._sock is None:
             self.sent_at = None
+            self._claim = None
             self.conn.connect()
         known = getattr(self.conn, _CLIENT_ID, None)
         if known is None or known[0] is not self.conn._sock:
@@ -118,6 +122,55 @@ class BlockingClaim:
             timeout = min(timeout, max(self.due_at - now, 0.0))
         self.conn.send_command(*self.queue.blmove_command(timeout))
         self.sent_at = now
+
+    @property
+    def claiming(self) -> int:
+        """How many the outstanding claim script asked for (0: none is outstanding)."""
+        return 0 if self._claim is None else self._claim[0]
+
+    @property
+    def can_send_claim(self) -> bool:
+        """Whether :meth:`send_claim` may be used: not on a cluster, whose slots may move
+        between the send and the reply."""
+        return not client_info.is_cluster(self.queue.client)
+
+    def send_claim(self, count: int) -> None:
+        """Send the queue's non-blocking claim of up to ``count`` (one script, as
+        :meth:`try_claim`) instead of a BLMOVE, for when work is known to be waiting; read
+        its reply with :meth:`read_claim` once the socket is readable."""
+        self.connect()
+        command, claimed = self.queue.claim_command(count)
+        self.conn.send_command(*command)
+        self._claim = (count, claimed)
+        self.sent_at = monotonic()
+
+    def read_claim(self) -> tuple[list[Delivery], int]:
+        """The reply of :meth:`send_claim`: the deliveries and the ms until the next
+        delayed message is due. A connection error, and the answer of a server a failover
+        demoted, close the connection (as :meth:`read`)."""
+        assert self._claim is not None, "no claim script is outstanding"
+        _, claimed = self._claim
+        self._claim = None
+        try:
+            reply: Any = self.conn.read_response()
+        except RESPONSE_ERROR as exc:
+            if left_primary(exc):
+                self.conn.disconnect()
+                raise redis.ConnectionError(f"the server left the primary role: {exc}") from exc
+            reply = exc
+        except Exception:
+            self.conn.disconnect()
+            raise
+        finally:
+            self.sent_at = None
+        got, due_ms = claimed(reply)
+        self.note_due(due_ms)
+        return got, due_ms
+
+    def lost(self) -> None:
+        """The connection was closed under the outstanding call: no reply will come."""
+        self.sent_at = None
+        self._claim = None
 
     def note_due(self, due_ms: int) -> None:
         """Remember when the next delayed message falls due (``due_ms`` from a claim reply:
@@ -202,6 +255,10 @@ class BlockingClaim:
         """
         if not self.waiting or self.conn is None or self.conn._sock is None:
             self.sent_at = None
+            self._claim = None
+            return None
+        if self._claim is not None:
+            self._cancel_claim(grace_s)
             return None
         if self.client_id is not None:
             try:
@@ -213,6 +270,19 @@ class BlockingClaim:
         self.conn.disconnect()
         self.sent_at = None
         return None
+
+    def _cancel_claim(self, grace_s: float) -> None:
+        """Wait for an outstanding claim script's reply and hand what it claimed back to
+        the front of the queue (uncounted); without a reply in time the connection is
+        closed and the claims return after their lease."""
+        if self.conn.can_read(timeout=grace_s):
+            got, _ = self.read_claim()
+            if got:
+                self.queue.release(got)
+            return
+        self.conn.disconnect()
+        self.sent_at = None
+        self._claim = None
 
     def _unblock(self, client_id: int) -> None:
         self.client.execute_command("CLIENT", "UNBLOCK", client_id)
@@ -226,6 +296,7 @@ class BlockingClaim:
         if self.sent_at is not None:
             conn.disconnect()
             self.sent_at = None
+            self._claim = None
         try:
             self.pool.release(conn)
         except Exception:  # a pool that was reset meanwhile

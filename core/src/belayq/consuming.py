@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import QueueConfig
@@ -149,6 +149,27 @@ class Consuming(Settling):
         run = self._scripts.run if patient else self._scripts.run_once
         reply = run("claim", *args, request_id=str(args[4]))
         return self._take(reply[1:]), int(reply[0])
+
+    def claim_command(
+        self, count: int
+    ) -> tuple[list[Arg], Callable[[Any], tuple[list[Delivery], int]]]:
+        """:meth:`try_claim` as a command an event loop sends on its own connection instead
+        of a BLMOVE when work is known to be waiting, and the function that turns its reply
+        (an error reply as the exception) into what :meth:`try_claim` returns. A reply
+        that never comes leaves its claims to the sweep, after their lease.
+
+        Raises (the function):
+            redis.ResponseError: an error reply, untranslated (see :meth:`try_claim`).
+        """
+        _check_count(count)
+        self._keep()
+        args = self._claim_args(count)
+
+        def claimed(reply: Any) -> tuple[list[Delivery], int]:
+            reply = self._scripts.answer("claim", args, reply)
+            return self._take(reply[1:]), int(reply[0])
+
+        return self._scripts.command("claim", *args), claimed
 
     def blmove_command(self, timeout: float) -> tuple[str | float, ...]:
         """The BLMOVE an event loop sends on its own connection when the queue is empty.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from . import client_info
@@ -33,7 +33,7 @@ from .registry import (
     record_of,
     record_or_warn,
 )
-from .scripts import Arg, ScriptRunner, Sent
+from .scripts import Answer, Arg, ScriptRunner, Sent
 
 log = logging.getLogger("belayq")
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
@@ -292,10 +292,10 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         return self.send_started(claims)()
 
     @_redis_errors
-    def send_started(self, claims: Sequence[tuple[str, str]]) -> Callable[[], list[bool]]:
+    def send_started(self, claims: Sequence[tuple[str, str]]) -> Answer[list[bool]]:
         """:meth:`report_started` without waiting for Redis's answer: the report is on its
         way when this returns (it gets there even if the process is killed next); the
-        function returned reads the answer (call it once, before the next report). With
+        :class:`~belayq.scripts.Answer` returned reads the answer (call it once). With
         ``wait_replicas`` or ``wait_aof``, or on a cluster client, the report is sent and
         answered before this returns.
 
@@ -305,7 +305,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         """
         if self.config.claim_starts or not claims:
             outcome = [True] * len(claims)
-            return lambda: outcome
+            return Answer(lambda: outcome)
         args: list[Arg] = []
         for msg_id, token in claims:
             args += [msg_id, token, "1"]
@@ -314,14 +314,14 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         if sent is None:
             reply = self._scripts.run("extend", c.lease_ms, "0", *args, durable=c.durable)
             outcome = [bool(int(x)) for x in reply]
-            return lambda: outcome
+            return Answer(lambda: outcome)
         answer = sent.reply
 
         @_redis_errors
         def read() -> list[bool]:
             return [bool(int(x)) for x in answer()]
 
-        return read
+        return Answer(read, sent)
 
     @property
     def heartbeat_ms(self) -> int:

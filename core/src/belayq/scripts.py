@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from . import client_info
 from .config import QueueConfig
@@ -366,12 +366,28 @@ class ScriptRunner:
         pool = self.client.connection_pool
         conn = pool.get_connection()
         try:
-            conn.send_command(*self._command(name, args, ""))
+            conn.send_command(*self.command(name, *args))
         except BaseException:
             conn.disconnect()
             pool.release(conn)
             raise
         return Sent(self, pool, conn, name, args)
+
+    def command(self, name: str, *args: Arg) -> list[Arg]:
+        """Script ``name`` as a command the caller sends on a connection of its own (no
+        reply memo); hand the reply to :meth:`answer`."""
+        return self._command(name, args, "")
+
+    def answer(self, name: str, args: Sequence[Arg], reply: Any) -> Any:
+        """The reply of :meth:`command`'s call (an error reply as the exception): raised
+        when it is an error, except that a call that found its script or library missing
+        ran nothing, so it is loaded and the call runs again here, waiting this time."""
+        if self._recoverable(reply):
+            self._reload(reply)
+            return self._run_once(name, args, "", False)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
     def run_many(self, *calls: tuple[str, list[Arg], str]) -> list[Any]:
         """Run several scripts in one round trip (a pipeline, not a transaction): each call
@@ -421,6 +437,16 @@ class Sent:
         self._name = name
         self._args = args
 
+    def ready(self) -> bool:
+        """Whether the reply has arrived (reading it would not wait). A connection error
+        says True: reading raises it."""
+        if self._conn is None:
+            return True
+        try:
+            return bool(self._conn.can_read(timeout=0))
+        except Exception:
+            return True
+
     def reply(self) -> Any:
         """The call's reply (read once). A call that found its script or library missing
         ran nothing: it is loaded and the call runs again, waiting this time.
@@ -440,9 +466,22 @@ class Sent:
             raise
         finally:
             self._pool.release(conn)
-        if self._runner._recoverable(reply):
-            self._runner._reload(reply)
-            return self._runner._run_once(self._name, self._args, "", False)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
+        return self._runner.answer(self._name, self._args, reply)
+
+
+T = TypeVar("T")
+
+
+class Answer(Generic[T]):
+    """The answer of a call made without waiting for it: :meth:`ready` says whether reading
+    it would not wait, calling it reads it (once)."""
+
+    def __init__(self, read: Callable[[], T], sent: Sent | None = None) -> None:
+        self._read = read
+        self._sent = sent
+
+    def ready(self) -> bool:
+        return self._sent is None or self._sent.ready()
+
+    def __call__(self) -> T:
+        return self._read()

@@ -17,7 +17,7 @@ from .errors import redis_errors as _redis_errors
 from .holding import HeldClaims
 from .models import Delivery
 from .models import text as _text
-from .scripts import Arg, ScriptRunner
+from .scripts import Answer, Arg, ScriptRunner
 
 
 def request_id() -> str:
@@ -82,6 +82,37 @@ class Settling(HeldClaims):
         with self._settling(deliveries):
             reply = self._scripts.run("ack", *args, durable=self.config.durable)
         return [bool(int(x)) for x in reply]
+
+    @_redis_errors
+    def send_ack_many(self, deliveries: Sequence[Delivery]) -> Answer[list[bool]]:
+        """:meth:`ack_many` without waiting for Redis's answer: the ack is on its way when
+        this returns (it gets there even if the process is killed next), and the claims are
+        no longer kept alive. The :class:`~belayq.scripts.Answer` returned reads the answer,
+        one bool per claim (call it once); when it raises, the claims are held again, as
+        after a failed :meth:`ack_many`. With ``wait_replicas`` or ``wait_aof``, or on a
+        cluster client, the ack is sent and answered before this returns.
+
+        Raises:
+            ConfigError: A claim that is not a Delivery of this queue.
+            ConnectionLost: The ack could not be sent (the returned function raises it
+                too when the answer was lost: the ack may or may not have run).
+        """
+        args = self._ack_args(deliveries)
+        sent = None
+        if deliveries and not self.config.durable:
+            with self._settling(deliveries):
+                sent = self._scripts.send("ack", *args)
+        if sent is None:
+            outcome = self.ack_many(deliveries)
+            return Answer(lambda: outcome)
+        answer = sent.reply
+
+        @_redis_errors
+        def read() -> list[bool]:
+            with self._settling(deliveries):
+                return [bool(int(x)) for x in answer()]
+
+        return Answer(read, sent)
 
     def _ack_args(
         self, deliveries: Sequence[Delivery],

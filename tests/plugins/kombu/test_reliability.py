@@ -104,8 +104,8 @@ def test_kill9_between_the_blocking_claim_and_its_lease(url: str, port: int, kq:
     patch = textwrap.dedent("""
         import os
         _send = consume.Waiter.send
-        def send(self, timeout):
-            _send(self, timeout)
+        def send(self, *args):
+            _send(self, *args)
             print("waiting", flush=True)
         consume.Waiter.send = send
         consume.Consume.on_reply = lambda self, w: os.kill(os.getpid(), 9)

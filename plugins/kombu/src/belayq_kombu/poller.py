@@ -144,7 +144,9 @@ class Poller:
         """For every consumed queue with no claim pending, while credit allows: claim what
         is known to be waiting at once (one script; delivered here), else send a blocking
         claim. Subscribe fanout queues. Returns whether messages were delivered."""
-        self.claims.flush()
+        # With the event loop, the acks are sent and their answers read at the next tick:
+        # the loop goes on to the pool's results and the sockets meanwhile.
+        self.claims.flush(wait=not self.with_hub)
         delivered = False
         for channel in list(self._channels):
             if channel.active_queues:
@@ -155,7 +157,7 @@ class Poller:
                         continue
                     waiter.socket()
                     self._register(channel, waiter, waiter.conn)
-                    waiter.send(channel.brpop_timeout)
+                    waiter.send(channel.brpop_timeout, channel.consume.credit())
             if channel.active_fanout_queues:
                 self._listen(channel)
         return delivered

@@ -24,10 +24,10 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 from belayq import Delivery
+from belayq.scripts import Answer
 
 from . import celery_state
 from .tags import ALL_TAGS
@@ -62,7 +62,7 @@ class PoolChild:
         self._chan: Any = None
         self._quiet_until = 0.0
         #: The last report sent: its queue, and the function that reads its answer.
-        self._pending: tuple[str, Callable[[], list[bool]]] | None = None
+        self._pending: tuple[str, Answer[list[bool]]] | None = None
 
     def report(self, app: Any, claim: Any) -> None:
         """Report the start of ``claim`` (a :data:`CLAIM_PROPERTY` value): sent before this

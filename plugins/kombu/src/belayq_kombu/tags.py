@@ -29,12 +29,20 @@ from typing import Any
 
 from belayq import Delivery, ReliableQueue
 from belayq.errors import ConnectionLost, DurabilityError
+from belayq.scripts import Answer
 
 from . import celery_state
 
 log = logging.getLogger("belayq.kombu")
 
 Claim = tuple[ReliableQueue, Delivery]
+
+#: Acks sent without waiting whose answers may stay unread (each holds a connection of
+#: the pool until read); beyond this the oldest is read, waiting for it.
+UNREAD_MAX = 4
+
+#: Acks of one queue sent without waiting, and their answer.
+SentAcks = tuple[ReliableQueue, list[Delivery], Answer[list[bool]]]
 
 
 def tag_of(queue: str, delivery: Delivery) -> str:
@@ -71,6 +79,8 @@ class Tags:
         self._pid = os.getpid()
         self._lock = threading.Lock()
         self._deferred: list[Claim] = []
+        #: Acks sent by :meth:`flush` whose answers are not read yet.
+        self._sent: list[SentAcks] = []
         self.kept = Kept(self)
         ALL_TAGS.add(self)
         #: Acks made on this thread are sent in one script by :meth:`flush`, which the
@@ -159,26 +169,59 @@ class Tags:
         return bool(self._deferred)
 
     def flush(
-        self, more: Mapping[ReliableQueue, int] | None = None
+        self, more: Mapping[ReliableQueue, int] | None = None, *, wait: bool = True
     ) -> dict[ReliableQueue, list[Delivery]]:
         """Send the deferred acks, one script per queue. For a queue in ``more``, the same
-        round trip also claims up to that many waiting messages (returned, not delivered)."""
+        round trip also claims up to that many waiting messages (returned, not delivered).
+        Without ``wait`` (the event loop's tick) the acks are sent and their answers read
+        by a later flush, once they have arrived; a flush that waits first reads every
+        answer still due."""
+        self.collect(wait=wait or bool(more))
         if not self._deferred:
             return {}
         with self._lock:
             batch, self._deferred = self._deferred, []
-        return self._ack(batch, more or {})
+        if wait or more:
+            return self._ack(batch, more or {})
+        for rq, deliveries in _by_queue(batch).items():
+            try:
+                read = rq.send_ack_many(deliveries)
+            except Exception as exc:
+                _not_landed(rq, "ack", deliveries, exc)
+                continue
+            with self._lock:
+                self._sent.append((rq, deliveries, read))
+        return {}
+
+    def collect(self, *, wait: bool = True) -> None:
+        """Read the answers of the acks :meth:`flush` sent without waiting: all of them
+        (``wait``), else those that have arrived, and the oldest while more than
+        :data:`UNREAD_MAX` are due (each holds a connection)."""
+        if not self._sent or os.getpid() != self._pid:
+            return
+        with self._lock:
+            unread = len(self._sent)
+            due: list[SentAcks] = []
+            kept: list[SentAcks] = []
+            for i, sent in enumerate(self._sent):
+                late = wait or unread - i > UNREAD_MAX or sent[2].ready()
+                (due if late else kept).append(sent)
+            self._sent = kept
+        for rq, deliveries, read in due:
+            try:
+                done = read()
+            except Exception as exc:
+                _not_landed(rq, "ack", deliveries, exc)
+                continue
+            _log_refused("ack", deliveries, done)
 
     @staticmethod
     def _ack(
         claims: list[Claim], more: Mapping[ReliableQueue, int] | None = None
     ) -> dict[ReliableQueue, list[Delivery]]:
         more = more or {}
-        by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
-        for rq, d in claims:
-            by_queue[rq].append(d)
         claimed: dict[ReliableQueue, list[Delivery]] = {}
-        for rq, deliveries in by_queue.items():
+        for rq, deliveries in _by_queue(claims).items():
             count = more.get(rq, 0)
             if count <= 0:
                 settle(rq, "ack", deliveries)
@@ -219,6 +262,13 @@ class Tags:
             if claim is not None:
                 by_queue[claim[0]].append(claim[1])
         return sum(give_back(rq, deliveries) for rq, deliveries in by_queue.items())
+
+
+def _by_queue(claims: Iterable[Claim]) -> dict[ReliableQueue, list[Delivery]]:
+    by_queue: dict[ReliableQueue, list[Delivery]] = defaultdict(list)
+    for rq, d in claims:
+        by_queue[rq].append(d)
+    return by_queue
 
 
 def settle(
