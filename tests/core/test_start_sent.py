@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from belayq import ReliableQueue
+from belayq import ConnectionLost, ReliableQueue
 from belayq.admin import parse_meta
 from belayq.embedded import RedisServer
 from tests.conftest import make_client
@@ -97,7 +97,7 @@ def test_a_start_whose_answer_was_lost_is_sent_again_with_the_next_beat_and_coun
 KILLED_AFTER_SENDING = """
 import os, signal, sys
 import redis
-from belayq import ReliableQueue
+from belayq import ConnectionLost, ReliableQueue
 
 q = ReliableQueue(redis.Redis(port=int(sys.argv[1])), sys.argv[2], keeper=False,
                   lease_ms=60_000, claim_starts=False)
@@ -109,7 +109,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 KILLED_AFTER_SENDING_ELSEWHERE = """
 import os, signal, sys
 import redis
-from belayq import ReliableQueue
+from belayq import ConnectionLost, ReliableQueue
 
 holder = ReliableQueue(redis.Redis(port=int(sys.argv[1])), sys.argv[2], keeper=False,
                        lease_ms=60_000, claim_starts=False)
@@ -166,3 +166,30 @@ def test_a_child_process_leaves_its_parents_unread_answers_alone(
     assert os.waitstatus_to_exitcode(status) == 0
     q.collect_starts()
     assert _attempts(q, d.id) == 1 and q.ack(d)
+
+
+def test_an_ack_sent_lands_before_its_answer_is_read_and_a_lost_answer_holds_the_claims_again(
+    server: RedisServer, client: redis.Redis, make_queue: Any
+) -> None:
+    q = make_queue(redis.Redis(port=server.port), lease_ms=30_000)
+    for i in range(3):
+        q.publish(f"m{i}".encode())
+    got = q.claim(timeout=1, count=3)
+    answer = q.send_ack_many(got[:2])
+    assert q.held == got[2:]  # no longer kept alive while the ack is on its way
+    wait_for(lambda: q.stats()["in_flight"] == 1, 10, "the ack to land")
+    wait_for(answer.ready, 10, "the answer")
+    assert answer() == [True, True]
+    # An answer that never comes: the ack is held unrun (writes paused) and its
+    # connection cut; the claim is held again, for the caller to settle again.
+    client.execute_command("CLIENT", "PAUSE", 10_000, "WRITE")
+    try:
+        answer = q.send_ack_many(got[2:])
+        client.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+    with pytest.raises(ConnectionLost):
+        answer()
+    assert q.held == got[2:] and q.stats()["in_flight"] == 1
+    assert q.ack_many(got[2:]) == [True]
+    q.client.close()

@@ -8,6 +8,7 @@ holds back the other messages of the batch."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -156,3 +157,39 @@ def test_a_claim_delivered_after_its_consumer_left_that_cannot_be_handed_back_is
             assert channel.deliver(kq, rq, deliveries) is False  # nobody consumes kq
         assert (rq.held, rq.unsettled) == ([], 0)
     assert stats(port, kq)["in_flight"] == 1
+
+
+def test_acks_sent_by_the_event_loop_whose_answer_is_lost_are_retried_by_the_keeper(
+    url: str, port: int, kq: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The event loop's tick sends acks without waiting; one whose answer never comes (the
+    connection dropped: it may not have run) is held again and retried by the lease
+    keeper until it lands, never dropped."""
+    from belayq.scripts import Answer
+
+    def lost(self: ReliableQueue, deliveries: Any) -> Answer[list[bool]]:
+        def read() -> list[bool]:
+            raise ConnectionLost("simulated: the answer never came")
+
+        self.forget(deliveries)
+        return Answer(read)
+
+    q = kombu.Queue(kq, routing_key=kq)
+    publish(url, q, [{"a": 1}, {"a": 2}])
+    with kombu.Connection(url) as conn:
+        got = drain(conn, [q], 2, ack=False, prefetch_count=2)
+        rq = conn.transport.queues[kq]
+        claims = conn.transport.claims
+        claims.defer_thread = threading.get_ident()  # acks wait for the loop's tick
+        with monkeypatch.context() as m:
+            m.setattr(ReliableQueue, "send_ack_many", lost)
+            for message in got:
+                message.ack()
+            claims.flush(wait=False)
+            assert rq.held == [] and stats(port, kq)["in_flight"] == 2
+            claims.flush(wait=False)  # reads the lost answer
+        assert rq.unsettled == 2  # the keeper retries them
+        rq.retry_unsettled()
+        assert rq.unsettled == 0
+    s = stats(port, kq)
+    assert (s["in_flight"], s["acked"]) == (0, 2), s
