@@ -100,6 +100,10 @@ class Poller:
     def fds(self) -> dict[int, Channel]:
         return {fd: chan for fd, (chan, _) in self._fds.items()}
 
+    def sockets(self) -> dict[int, Any]:
+        """The sockets polled now, by file descriptor."""
+        return {fd: self._socks[key][0] for fd, key in self._fds.items() if key in self._socks}
+
     def _unregister(self, fd: int) -> None:
         with contextlib.suppress(KeyError, ValueError, OSError):
             self.poller.unregister(fd)

@@ -138,10 +138,22 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.claims.defer_thread = threading.get_ident()
         add_reader, on_readable = loop.add_reader, self.on_readable
 
+        readers = loop.readers
+        added: dict[int, Any] = {}  # fd -> the socket it was added to the loop for
+
         def on_poll_start() -> None:
             cycle.on_poll_start()
-            for fd in cycle.fds:
-                add_reader(fd, on_readable, fd)
+            # Each socket is added to the loop once (the stock transport adds every fd on
+            # every tick: two system calls each); again when its fd now names another
+            # socket, or the loop dropped it.
+            polled = cycle.sockets()
+            for fd, sock in polled.items():
+                if added.get(fd) is not sock or fd not in readers:
+                    add_reader(fd, on_readable, fd)
+                    added[fd] = sock
+            if len(added) > len(polled):
+                for fd in [fd for fd in added if fd not in polled]:
+                    del added[fd]
 
         loop.on_tick.add(on_poll_start)
 
