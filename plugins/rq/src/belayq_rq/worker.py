@@ -134,12 +134,19 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
     _belayq_state_at: tuple[str, float] = ("", float("-inf"))
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
-        """RQ's heartbeat; one of the default TTL sent within ``_REPEAT_S`` of the last
-        (nothing in between set another TTL) is skipped, and a sent one is one round trip."""
+        """RQ's heartbeat; one of the default TTL sent within ``_REPEAT_S`` of the last one
+        of the default TTL (its own, or one queued on a caller's pipeline; nothing in between
+        set another TTL) is skipped, and a sent one is one round trip."""
         now = time.monotonic()
-        if pipeline is not None or timeout is not None:
+        if timeout is not None:
             self._belayq_beat_at = float("-inf")  # it may set another expiry: send the next
             super().heartbeat(timeout, pipeline=pipeline)
+            return
+        if pipeline is not None:
+            # The default TTL, sent by the caller's pipeline (RQ's suspension check runs it
+            # at once): a default beat right after it repeats it.
+            super().heartbeat(timeout, pipeline=pipeline)
+            self._belayq_beat_at = now
             return
         if now - self._belayq_beat_at < _REPEAT_S:
             return
