@@ -88,7 +88,7 @@ class Waiter:
         """The blocking claim's reply (an entry, or None on timeout or a redirection:
         MOVED, ASK, UNBLOCKED on a cluster, see follow_slot). A demoted server's answer
         off a cluster is raised as a connection error: the channel reconnects."""
-        if self.claim.claiming:  # a claim script (not a BLMOVE) read off the usual path
+        if self.claim.claiming:  # a claim script (not the blocking claim) read off the usual path
             got, _ = self.claim.read_claim()
             give_back(self.rq, got)
             return None
