@@ -39,7 +39,7 @@ Claim = tuple[ReliableQueue, Delivery]
 
 #: Acks sent without waiting whose answers may stay unread (each holds a connection of
 #: the pool until read); beyond this the oldest is read, waiting for it.
-UNREAD_MAX = 4
+UNREAD_MAX = 2
 
 #: Acks of one queue sent without waiting, and their answer.
 SentAcks = tuple[ReliableQueue, list[Delivery], Answer[list[bool]]]
