@@ -41,6 +41,7 @@ import rq.worker
 from rq.exceptions import NoSuchJobError, ShutDownImminentException
 from rq.job import Job
 from rq.queue import Queue as RQQueue
+from rq.worker import WorkerStatus
 
 from belayq import BelayqError
 
@@ -132,6 +133,10 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
     #: -inf once any other heartbeat may have set another TTL since.
     _belayq_beat_at = float("-inf")
     _belayq_state_at: tuple[str, float] = ("", float("-inf"))
+    #: Inside :meth:`execute_job`: RQ's "idle" write at its end rides on the next heartbeat.
+    _belayq_job_ending = False
+    #: A state written locally whose write waits for the next heartbeat.
+    _belayq_pending_state: str | None = None
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         """RQ's heartbeat; one of the default TTL sent within ``_REPEAT_S`` of the last one
@@ -148,15 +153,22 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
             super().heartbeat(timeout, pipeline=pipeline)
             self._belayq_beat_at = now
             return
-        if now - self._belayq_beat_at < _REPEAT_S:
+        pending = self._belayq_pending_state
+        if now - self._belayq_beat_at < _REPEAT_S and pending is None:
             return
         beat = super().heartbeat
+        write_state = super().set_state
 
         def send() -> None:
             with self.connection.pipeline(transaction=False) as pipe:
+                if pending is not None:  # the state a job's end left to this beat
+                    write_state(pending, pipeline=pipe)
                 beat(timeout, pipeline=pipe)  # queued: sent by execute()
                 pipe.execute()
             self._belayq_beat_at = now
+            if pending is not None and self._belayq_pending_state == pending:
+                self._belayq_pending_state = None
+                self._belayq_state_at = (pending, now)
 
         # A server that restarts or fails over skips the beat, as it does RQ's own.
         skipped_if_away("heartbeat", send)
@@ -168,6 +180,13 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
         last, at = self._belayq_state_at
         if pipeline is None and state == last == self._state and now - at < _REPEAT_S:
             return
+        if pipeline is None and state == WorkerStatus.IDLE and self._belayq_job_ending:
+            # RQ's last write of a job's run: its loop sends the worker's heartbeat next,
+            # which carries it (one round trip less per job).
+            self._state = state
+            self._belayq_pending_state = state
+            return
+        self._belayq_pending_state = None
         super().set_state(state, pipeline=pipeline)
         self._belayq_state_at = (state, now) if pipeline is None else ("", float("-inf"))
 
@@ -236,6 +255,7 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
 
     def execute_job(self, job: Job, queue: RQQueue) -> None:
         self._belayq_killed_on_purpose = False
+        self._belayq_job_ending = True
         try:
             super().execute_job(job, queue)
         except _SERVER_AWAY as exc:
@@ -245,6 +265,7 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
             # or left to expire and be redelivered.
             log.warning("job %s: the server is away around the run (%s); going on", job.id, exc)
         finally:
+            self._belayq_job_ending = False
             claim = claim_of(job)
             if claim is not None:
                 # Settled by now (the work horse acked, or it was handed back); a claim the
