@@ -25,6 +25,7 @@ import redis
 from . import client_info
 from .constants import CANCEL_GRACE_S
 from .errors import RESPONSE_ERROR, left_primary
+from .pool import pool_connection
 
 if TYPE_CHECKING:
     from .models import Delivery
@@ -33,14 +34,6 @@ if TYPE_CHECKING:
 
 # A pooled connection remembers its socket's CLIENT ID here: (socket, id or None).
 _CLIENT_ID = "_belayq_client_id"
-
-
-def pool_connection(pool: Any) -> Any:
-    """A connection from a redis-py pool (redis-py before 5.3 wants a command name)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("BLMOVE")
 
 
 def node_client(queue: ReliableQueue) -> Any:

@@ -36,6 +36,7 @@ from .errors import (
     Errors,
 )
 from .keys import QueueKeys
+from .pool import pool_connection
 from .sources import SCRIPT_NAMES, key_roles, library, sha, source
 
 Arg = str | bytes | int | float
@@ -364,7 +365,7 @@ class ScriptRunner:
         if self.cluster:
             return None
         pool = self.client.connection_pool
-        conn = pool.get_connection()
+        conn = pool_connection(pool)
         try:
             conn.send_command(*self.command(name, *args))
         except BaseException:
