@@ -166,15 +166,17 @@ class RedisSentinelServers:
         """``(host, port)`` of every sentinel, as ``redis.sentinel.Sentinel`` takes them."""
         return [("127.0.0.1", s.port) for s in self.sentinels]
 
-    def start(self, timeout: float = 30.0) -> RedisSentinelServers:
+    def start(self, timeout: float = 60.0) -> RedisSentinelServers:
         """Start the servers and the sentinels; return once every replica's link is up and
-        every sentinel sees every replica and every other sentinel (``timeout`` s at most)."""
+        every sentinel sees every replica and every other sentinel (``timeout`` s at most;
+        a sentinel learns of replicas from the primary's INFO, every 10 s)."""
         try:
             for server in self.servers:
                 server.start()
             for sentinel in self.sentinels:
                 sentinel.start()
-            _poll(self._settled, timeout, "the replicas to sync and the sentinels to meet")
+            _poll(self._settled, timeout, "the replicas to sync and the sentinels to meet",
+                  self._unsettled)
         except BaseException:
             self.stop()
             raise
@@ -197,6 +199,21 @@ class RedisSentinelServers:
             if int(str(state.get("num-other-sentinels", 0))) < others:
                 return False
         return True
+
+    def _unsettled(self) -> str:
+        """What each replica and sentinel reports, for a start that timed out."""
+        lines = []
+        for server in self.servers[1:]:
+            info = _info(server.port, "replication")
+            lines.append(f"replica {server.port}: link {info.get('master_link_status')}, "
+                         f"sync in progress {info.get('master_sync_in_progress')}")
+        for sentinel in self.sentinels:
+            state = self._sentinel_view(sentinel.port)
+            seen = "no answer" if state is None else (
+                f"replicas {state.get('num-slaves')}, other sentinels "
+                f"{state.get('num-other-sentinels')}, flags {state.get('flags')}")
+            lines.append(f"sentinel {sentinel.port}: {seen}")
+        return "\n".join(lines)
 
     def _sentinel_view(self, port: int) -> dict[str, object] | None:
         import redis
