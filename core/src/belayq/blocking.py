@@ -25,7 +25,7 @@ import redis
 from . import client_info
 from .constants import CANCEL_GRACE_S
 from .errors import RESPONSE_ERROR, left_primary
-from .pool import pool_connection
+from .sent import pool_connection
 
 if TYPE_CHECKING:
     from .models import Delivery

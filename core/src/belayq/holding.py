@@ -19,7 +19,8 @@ from .errors import ConfigError, ConnectionLost, DurabilityError
 from .keeper import KEEPER
 from .models import Delivery, SweepResult
 from .models import text as _text
-from .scripts import ScriptRunner, Sent
+from .scripts import ScriptRunner
+from .sent import Sent
 
 log = logging.getLogger("belayq")
 T = TypeVar("T")

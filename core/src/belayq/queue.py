@@ -33,7 +33,8 @@ from .registry import (
     record_of,
     record_or_warn,
 )
-from .scripts import Answer, Arg, ScriptRunner, Sent
+from .scripts import Arg, ScriptRunner
+from .sent import Answer, Sent
 
 log = logging.getLogger("belayq")
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
@@ -295,7 +296,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
     def send_started(self, claims: Sequence[tuple[str, str]]) -> Answer[list[bool]]:
         """:meth:`report_started` without waiting for Redis's answer: the report is on its
         way when this returns (it gets there even if the process is killed next); the
-        :class:`~belayq.scripts.Answer` returned reads the answer (call it once). With
+        :class:`~belayq.sent.Answer` returned reads the answer (call it once). With
         ``wait_replicas`` or ``wait_aof``, or on a cluster client, the report is sent and
         answered before this returns.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from . import client_info
 from .config import QueueConfig
@@ -36,7 +36,7 @@ from .errors import (
     Errors,
 )
 from .keys import QueueKeys
-from .pool import pool_connection
+from .sent import Sent, pool_connection
 from .sources import SCRIPT_NAMES, key_roles, library, sha, source
 
 Arg = str | bytes | int | float
@@ -424,65 +424,3 @@ class ScriptRunner:
         meanwhile (:func:`belayq.claim_any`)."""
         return self._run_once(name, args, request_id, False)
 
-
-class Sent:
-    """A script call sent by :meth:`ScriptRunner.send` whose reply is still unread; its
-    connection stays out of the pool until :meth:`reply` reads it."""
-
-    def __init__(
-        self, runner: ScriptRunner, pool: Any, conn: Any, name: str, args: Sequence[Arg]
-    ) -> None:
-        self._runner = runner
-        self._pool = pool
-        self._conn = conn
-        self._name = name
-        self._args = args
-
-    def ready(self) -> bool:
-        """Whether the reply has arrived (reading it would not wait). A connection error
-        says True: reading raises it."""
-        if self._conn is None:
-            return True
-        try:
-            return bool(self._conn.can_read(timeout=0))
-        except Exception:
-            return True
-
-    def reply(self) -> Any:
-        """The call's reply (read once). A call that found its script or library missing
-        ran nothing: it is loaded and the call runs again, waiting this time.
-
-        Raises:
-            redis.ConnectionError: The reply was lost; the call may or may not have run.
-        """
-        conn, self._conn = self._conn, None
-        if conn is None:
-            raise RuntimeError("the reply of this call was read already")
-        try:
-            reply = conn.read_response()
-        except RESPONSE_ERROR as exc:
-            reply = exc
-        except BaseException:
-            conn.disconnect()
-            raise
-        finally:
-            self._pool.release(conn)
-        return self._runner.answer(self._name, self._args, reply)
-
-
-T = TypeVar("T")
-
-
-class Answer(Generic[T]):
-    """The answer of a call made without waiting for it: :meth:`ready` says whether reading
-    it would not wait, calling it reads it (once)."""
-
-    def __init__(self, read: Callable[[], T], sent: Sent | None = None) -> None:
-        self._read = read
-        self._sent = sent
-
-    def ready(self) -> bool:
-        return self._sent is None or self._sent.ready()
-
-    def __call__(self) -> T:
-        return self._read()

@@ -17,7 +17,8 @@ from .errors import redis_errors as _redis_errors
 from .holding import HeldClaims
 from .models import Delivery
 from .models import text as _text
-from .scripts import Answer, Arg, ScriptRunner
+from .scripts import Arg, ScriptRunner
+from .sent import Answer
 
 
 def request_id() -> str:
@@ -87,7 +88,7 @@ class Settling(HeldClaims):
     def send_ack_many(self, deliveries: Sequence[Delivery]) -> Answer[list[bool]]:
         """:meth:`ack_many` without waiting for Redis's answer: the ack is on its way when
         this returns (it gets there even if the process is killed next), and the claims are
-        no longer kept alive. The :class:`~belayq.scripts.Answer` returned reads the answer,
+        no longer kept alive. The :class:`~belayq.sent.Answer` returned reads the answer,
         one bool per claim (call it once); when it raises, the claims are held again, as
         after a failed :meth:`ack_many`. With ``wait_replicas`` or ``wait_aof``, or on a
         cluster client, the ack is sent and answered before this returns.

@@ -165,7 +165,7 @@ def test_acks_sent_by_the_event_loop_whose_answer_is_lost_are_retried_by_the_kee
     """The event loop's tick sends acks without waiting; one whose answer never comes (the
     connection dropped: it may not have run) is held again and retried by the lease
     keeper until it lands, never dropped."""
-    from belayq.scripts import Answer
+    from belayq.sent import Answer
 
     def lost(self: ReliableQueue, deliveries: Any) -> Answer[list[bool]]:
         def read() -> list[bool]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from kombu.utils import eventio
 
-from belayq.pool import pool_connection
+from belayq.sent import pool_connection
 
 from . import options
 from .consume import Consume, Step, Waiter

@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from belayq import Delivery
-from belayq.scripts import Answer
+from belayq.sent import Answer
 
 from . import celery_state
 from .tags import ALL_TAGS

@@ -29,7 +29,7 @@ from typing import Any
 
 from belayq import Delivery, ReliableQueue
 from belayq.errors import ConnectionLost, DurabilityError
-from belayq.scripts import Answer
+from belayq.sent import Answer
 
 from . import celery_state
 
