@@ -158,3 +158,37 @@ def test_the_beat_waits_for_no_replica(r, make_queue, caplog):
     assert (s["acked"], s["in_flight"]) == (1, 1), s
     assert q.held == [held] and q.unsettled == 0
     assert _attempts(r, q, held) == 1
+
+
+def test_a_claim_another_process_acked_is_dropped_without_a_loss_warning(r, make_queue, caplog):
+    """An RQ work horse acks the claim its parent's keeper holds: the parent's next beat finds
+    the lease gone, and that is no loss (nothing will be redelivered)."""
+    import os
+
+    q = make_queue(r)
+    q.publish(b"x")
+    [d] = q.claim(timeout=0)
+    pid = os.fork()
+    if pid == 0:  # the work horse: its own connection, the parent's claim
+        os._exit(0 if q.ack(d) else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    with caplog.at_level(logging.DEBUG, logger="belayq"):
+        q.heartbeat()
+    assert q.held == []
+    assert "was lost" not in caplog.text, caplog.text
+    assert "settled by another process" in caplog.text, caplog.text
+
+
+def test_a_claim_swept_and_claimed_again_is_reported_lost(r, make_queue, caplog):
+    q = make_queue(r, lease_ms=100)
+    other = make_queue(r)
+    q.publish(b"x")
+    [d] = q.claim(timeout=0)
+    time.sleep(0.2)
+    other.sweep()
+    [again] = other.claim(timeout=0)
+    assert again.id == d.id and again.token != d.token
+    with caplog.at_level(logging.DEBUG, logger="belayq"):
+        q.heartbeat()
+    assert q.held == []
+    assert f"lease of {d.id} on {q.name} was lost" in caplog.text, caplog.text

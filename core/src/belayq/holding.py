@@ -15,8 +15,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from .config import QueueConfig
-from .errors import ConfigError, ConnectionLost, DurabilityError
+from .errors import CLIENT_ERROR, ConfigError, ConnectionLost, DurabilityError
 from .keeper import KEEPER
+from .keys import QueueKeys
 from .models import Delivery, SweepResult
 from .models import text as _text
 from .scripts import ScriptRunner
@@ -59,6 +60,7 @@ class HeldClaims:
     #: The logical queue's name when this queue is one shard of a ShardedQueue.
     sharded_as: str | None = None
     client: Any
+    keys: QueueKeys
     config: QueueConfig
     _held: dict[str, Delivery]
     _starting: set[str]
@@ -328,11 +330,26 @@ class HeldClaims:
         return self.release([d]) == 1
 
     def _drop_lost(self, deliveries: Sequence[Delivery], extended: Sequence[Any]) -> None:
-        """Forget the claims an extend found no longer held (swept, or claimed again)."""
-        for d, ok in zip(deliveries, extended, strict=True):
-            if not int(ok) and self._still_held(d):
+        """Forget the claims an extend found no longer held: settled by another process
+        (an RQ work horse acks the claim its parent holds), or lost (swept, or claimed
+        again), which is worth a warning."""
+        refused = [d for d, ok in zip(deliveries, extended, strict=True)
+                   if not int(ok) and self._still_held(d)]
+        if not refused:
+            return
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                for d in refused:
+                    pipe.hexists(self.keys.meta, d.id)
+                waiting = pipe.execute()
+        except CLIENT_ERROR:  # unknown: say the worse
+            waiting = [True] * len(refused)
+        for d, lost in zip(refused, waiting, strict=True):
+            if lost:
                 log.warning("lease of %s on %s was lost; it will be redelivered", d.id, self.name)
-                self._forget([d])
+            else:
+                log.debug("claim of %s on %s was settled by another process", d.id, self.name)
+        self._forget(refused)
 
     def heartbeat(self) -> None:
         """Extend every held lease (reporting the starts since the last beat), then retry

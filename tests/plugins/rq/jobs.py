@@ -113,3 +113,13 @@ def on_success_cb(job: Any, connection: Any, result: Any, *args: Any, **kwargs: 
 
 def on_failure_cb(job: Any, connection: Any, typ: Any, value: Any, tb: Any) -> None:
     connection.rpush(f"callbacks:{job.id}", f"failure:{typ.__name__}")
+
+
+#: pids of the processes that read redis-py's version from its package metadata (the test
+#: that fills it patches ``redis.utils.get_lib_version``).
+LIB_VERSION_LOOKUPS: list[int] = []
+
+
+def lib_version_lookups_here() -> int:
+    """How often the process running this job (a work horse) read redis-py's version."""
+    return LIB_VERSION_LOOKUPS.count(os.getpid())

@@ -525,3 +525,46 @@ def test_an_idle_worker_after_fast_jobs_keeps_rqs_own_heartbeat_ttl(
         assert worker.get_state() == "idle"
         ttl = conn.ttl(worker.key)
         assert 420 < ttl <= 480, f"worker key TTL {ttl} s after the jobs, RQ's own is 480"
+
+
+def test_a_work_horse_connects_without_reading_package_metadata(
+    conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """redis-py 7.1+ reads its version from its package metadata for each new connection of
+    a client built from a URL, as RQ's CLI builds it (1.5-3 ms); a work horse makes one per
+    job. The forking worker resolves it once."""
+    import os
+
+    import redis.utils
+
+    real = redis.utils.get_lib_version
+
+    def counted() -> str:
+        jobs.LIB_VERSION_LOOKUPS.append(os.getpid())
+        return real()
+
+    monkeypatch.setattr(redis.utils, "get_lib_version", counted)
+    kwargs = conn.connection_pool.connection_kwargs
+    url = f"redis://{kwargs['host']}:{kwargs['port']}"
+    q = belayq_rq.Queue("q", connection=redis.Redis.from_url(url))
+    js = [q.enqueue(jobs.lib_version_lookups_here) for _ in range(3)]
+    belayq_rq.Worker(["q"], connection=redis.Redis.from_url(url)).work(
+        burst=True, logging_level="WARNING"
+    )
+    assert [j.get_status() for j in js] == [JobStatus.FINISHED] * 3
+    assert [j.return_value() for j in js] == [0, 0, 0]
+    stock = rq.Queue("stock", connection=redis.Redis.from_url(url))
+    j = stock.enqueue(jobs.lib_version_lookups_here)
+    rq.worker.Worker(["stock"], connection=redis.Redis.from_url(url)).work(
+        burst=True, logging_level="WARNING"
+    )
+    if _has_driver_info():  # redis-py 7.1+
+        assert j.return_value() >= 1  # what it saves: a stock work horse reads it
+
+
+def _has_driver_info() -> bool:
+    try:
+        import redis.driver_info  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -38,7 +38,7 @@ from typing import Any
 import redis
 import rq
 import rq.worker
-from rq.exceptions import NoSuchJobError, ShutDownImminentException
+from rq.exceptions import ShutDownImminentException
 from rq.job import Job
 from rq.queue import Queue as RQQueue
 from rq.worker import WorkerStatus
@@ -49,6 +49,7 @@ from . import settle
 from .away import SERVER_AWAY as _SERVER_AWAY
 from .away import SkipsBookkeepingWhileAway, skipped_if_away
 from .claims import claim_of, driving
+from .maintenance import spare_requeued
 from .queue import Queue
 
 log = logging.getLogger("belayq_rq")
@@ -106,6 +107,23 @@ def _upgrade_queues(queues: Any, queue_class: type[Queue]) -> Any:
                 f"{q.name!r}: build the queues with belayq_rq.Queue"
             )
     return out
+
+
+def _client_info_resolved(client: Any) -> None:
+    """Give the connections ``client``'s pool makes from now on the client name and version
+    for ``CLIENT SETINFO`` already resolved. redis-py 7.1+ otherwise reads its own package
+    metadata (``importlib.metadata``, 1.5-3 ms) for every new connection, and a work horse
+    makes one for every job. What the server is told stays the same. Nothing is changed
+    when the caller chose ``driver_info``, ``lib_name`` or ``lib_version`` itself, or on
+    an older redis-py or a cluster client (no connection pool)."""
+    kwargs = getattr(getattr(client, "connection_pool", None), "connection_kwargs", None)
+    if not isinstance(kwargs, dict) or {"driver_info", "lib_name", "lib_version"} & set(kwargs):
+        return
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis-py < 7.1 resolves it once, at import
+        return
+    kwargs["driver_info"] = DriverInfo()
 
 
 class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
@@ -272,6 +290,11 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
                 # horse could not settle is left to expire, and the sweep redelivers it.
                 claim.core.forget([claim.delivery])
 
+    def fork_work_horse(self, job: Job, queue: RQQueue) -> None:
+        """RQ's fork; the work horse's new connection skips redis-py's metadata read."""
+        _client_info_resolved(self.connection)
+        super().fork_work_horse(job, queue)  # type: ignore[misc]  # forking workers only
+
     # -- lost attempts -------------------------------------------------------------------
 
     def kill_horse(self, *args: Any, **kwargs: Any) -> None:
@@ -344,55 +367,10 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
                 continue
             try:
                 queue.belayq(self.connection).sweep()
-                _spare_requeued(queue)
+                spare_requeued(queue)
             except (redis.RedisError, BelayqError):  # RQ's own cleanup below reports it
                 log.warning("belayq sweep of %s failed", queue.name, exc_info=True)
         super().clean_registries()  # type: ignore[no-untyped-call]
-
-
-def _text(entry: Any) -> str:
-    return entry.decode() if isinstance(entry, bytes) else str(entry)
-
-
-def _job_id_of(queue: Queue, entry: str) -> str:
-    """The job id of a started-registry entry, whichever form this rq version answers."""
-    if ":" not in entry or queue.connection.exists(queue.job_class.key_for(entry)):
-        return entry
-    return entry.rsplit(":", 1)[0]
-
-
-def _spare_requeued(queue: Queue) -> None:
-    """Remove RQ's expired started-registry records of jobs that are not abandoned, so RQ's
-    cleanup does not fail them: a job that waits in the queue again (a lost attempt the
-    sweep put back), and a job that already ended (FINISHED, FAILED, STOPPED, CANCELED),
-    whose record a late execution heartbeat wrote back after the end (seen in the chaos
-    run: a connection killed under the worker's heartbeat, re-sent by redis-py after the
-    work horse's success)."""
-    registry = queue.started_job_registry
-    # rq 2.0 answers "job_id:execution_id" entries; later versions answer job ids.
-    expired_ids = {_job_id_of(queue, str(x)) for x in registry.get_expired_job_ids()}
-    for job_id in expired_ids:
-        waiting = queue.get_job_position(job_id) is not None
-        try:
-            job = queue.job_class.fetch(
-                job_id, connection=queue.connection, serializer=queue.serializer
-            )
-        except NoSuchJobError:
-            continue
-        ended = job.get_status(refresh=False) in settle.SETTLED
-        if not (waiting or ended):
-            continue
-        with queue.connection.pipeline() as pipe:
-            settle.drop_stale_executions(job, pipe)
-            # A record written back after the end may name an execution whose own hash is
-            # gone: remove the job's expired entries by their parsed job id (RQ's format).
-            expired: list[Any] = queue.connection.zrangebyscore(registry.key, 0, time.time())
-            stale = [e for e in expired if _job_id_of(queue, _text(e)) == job_id]
-            if stale:
-                pipe.zrem(registry.key, *stale)
-            pipe.execute()
-        log.info("job %s: %s; kept out of RQ's abandoned-job cleanup", job_id,
-                 "waits for redelivery" if waiting else f"already {job.get_status(refresh=False)}")
 
 
 class FewerRoundTripsMixin(rq.worker.BaseWorker):
