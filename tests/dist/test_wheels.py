@@ -295,7 +295,7 @@ def test_twine_accepts_the_dists_and_their_metadata_is_complete(installed: Insta
         if dist != "belayq":
             assert f"belayq=={version()}" in meta.get_all("Requires-Dist"), dist
         else:
-            assert set(meta.get_all("Provides-Extra")) == {"web", "metrics", "embedded"}
+            assert set(meta.get_all("Provides-Extra")) == {"web", "metrics", "embedded", "otel"}
     # PyPI refuses an upload with a classifier it does not know.
     listed = installed.run(
         uv_binary(), "tool", "run", "--from", "trove-classifiers", "python", "-c",

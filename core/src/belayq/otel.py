@@ -1,0 +1,422 @@
+"""OpenTelemetry tracing of belayq's queues (``pip install "belayq[otel]"``).
+
+:class:`BelayqInstrumentor` follows ``opentelemetry-instrumentation``'s ``BaseInstrumentor``
+API and is registered under the ``opentelemetry_instrumentor`` entry point, so
+``opentelemetry-instrument`` turns it on. Once instrumented, every
+:class:`~belayq.ReliableQueue` (and each shard of a :class:`~belayq.ShardedQueue`) emits,
+following OpenTelemetry's messaging semantic conventions:
+
+* ``send <queue>`` (PRODUCER) for each publish; a batch publish is one span with
+  ``messaging.batch.message_count``;
+* ``receive <queue>`` (CLIENT) for each claim that returns messages, linked to the send span
+  of each message it returns, with an event ``reclaim`` for each message delivered before
+  (its lease ran out, or it was nacked or released);
+* ``settle <queue>`` (CLIENT) for each ack, nack and dead-lettering
+  (``messaging.operation.name`` ``ack``, ``nack``, ``dead_letter``), with an event
+  ``stale_ack`` when another claim holds the message now and ``dead_letter`` when the
+  message goes to the dead letters.
+
+Attributes: ``messaging.system`` ``"belayq"``, ``messaging.destination.name``,
+``messaging.operation.type``, ``messaging.message.id`` (one message), and ``belayq.delivery``
+and ``belayq.attempt`` (one claim).
+
+The send span's context travels beside the message, not in it: a key of the queue's own
+(``<queue prefix>trace:<id>``, in the queue's hash slot) that expires after
+``context_ttl_s`` (one day by default). It is written on a connection of its own, sent
+just before the publish and read after it, and read back with one more round trip per
+claim that returns messages. Stock producers and consumers never see it. A consumer that
+runs the message starts its own span under :func:`context_of`, so it joins the trace that
+published it.
+
+Nothing here is imported by belayq itself, and an uninstrumented queue runs none of it.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import functools
+import json
+import logging
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+    BaseInstrumentor,  # its __all__ leaves it out
+)
+from opentelemetry.trace import Link, SpanKind
+
+from . import __version__
+from .holding import HeldClaims
+from .models import Delivery
+from .publishing import Publishing
+from .sent import pool_connection
+from .settling import Settling
+
+SYSTEM = "belayq"
+#: How long a message's trace context is kept by default (s): a message claimed later than
+#: this after its publish starts a trace of its own.
+CONTEXT_TTL_S = 86_400
+#: Claims whose producer context is kept in this process until they are settled.
+_KEPT_MAX = 10_000
+
+_Claim = tuple[str, str, str]  # (queue, id, token)
+
+
+def _claim_key(d: Delivery) -> _Claim:
+    return (d.queue, d.id, d.token)
+
+
+class _Contexts:
+    """The producer contexts of the claims this process holds, for :func:`context_of`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: collections.OrderedDict[_Claim, otel_context.Context] = (
+            collections.OrderedDict()
+        )
+
+    def keep(self, d: Delivery, ctx: otel_context.Context) -> None:
+        with self._lock:
+            self._kept[_claim_key(d)] = ctx
+            while len(self._kept) > _KEPT_MAX:
+                self._kept.popitem(last=False)
+
+    def get(self, d: Delivery) -> otel_context.Context | None:
+        with self._lock:
+            return self._kept.get(_claim_key(d))
+
+    def drop(self, deliveries: Sequence[Delivery]) -> None:
+        with self._lock:
+            for d in deliveries:
+                self._kept.pop(_claim_key(d), None)
+
+
+_CONTEXTS = _Contexts()
+log = logging.getLogger("belayq")
+
+
+def _nothing() -> None:
+    return None
+
+#: Inside a settle span: a settle call it makes (a send that falls back to a waited ack)
+#: opens no second one.
+_SETTLING: contextvars.ContextVar[bool] = contextvars.ContextVar("belayq_settling", default=False)
+
+
+def context_of(delivery: Delivery) -> otel_context.Context:
+    """The context to run ``delivery``'s message under: its publisher's, so a span started
+    with it joins the trace that published the message. The current context when the
+    message carries none (published without instrumentation, or its context expired)."""
+    found = _CONTEXTS.get(delivery)
+    return found if found is not None else otel_context.get_current()
+
+
+def _trace_key(queue: Any, message_id: str) -> str:
+    return f"{queue.keys.stats[: -len('stats')]}trace:{message_id}"
+
+
+def _base(queue: Any, operation: str) -> dict[str, Any]:
+    return {
+        "messaging.system": SYSTEM,
+        "messaging.destination.name": queue.sharded_as or queue.name,
+        "messaging.operation.type": operation,
+    }
+
+
+def _claim_attributes(d: Delivery) -> dict[str, Any]:
+    return {"messaging.message.id": d.id, "belayq.delivery": d.deliveries,
+            "belayq.attempt": d.attempts}
+
+
+class _Tracing:
+    """The wrappers one :meth:`BelayqInstrumentor.instrument` installs."""
+
+    def __init__(self, tracer: trace.Tracer, context_ttl_s: int) -> None:
+        self.tracer = tracer
+        self.ttl_ms = context_ttl_s * 1000
+
+    # -- send --------------------------------------------------------------------------
+
+    def _store(self, queue: Any, ids: Sequence[str]) -> Callable[[], None]:
+        """Write the current context as the context of messages ``ids``, sent before the
+        publish goes out and read after it, so it costs no round trip of its own (a cluster
+        client waits for it). Returns what reads the reply (call it once)."""
+        carrier: dict[str, str] = {}
+        propagate.inject(carrier)
+        if not carrier or not ids:
+            return _nothing
+        value = json.dumps(carrier, separators=(",", ":"))
+        commands = [("SET", _trace_key(queue, i), value, "PX", self.ttl_ms) for i in ids]
+        pool = getattr(queue.client, "connection_pool", None)
+        if pool is None:  # a cluster client routes each key itself
+            with queue.client.pipeline(transaction=False) as pipe:
+                for command in commands:
+                    pipe.execute_command(*command)
+                pipe.execute()
+            return _nothing
+        conn = pool_connection(pool)
+        try:
+            conn.send_packed_command(conn.pack_commands(commands))
+        except Exception as exc:  # tracing never fails a publish
+            conn.disconnect()
+            pool.release(conn)
+            log.debug("could not store the trace context of %s: %s", ids, exc)
+            return _nothing
+
+        def read() -> None:
+            try:
+                for _ in commands:
+                    conn.read_response()
+            except Exception as exc:
+                conn.disconnect()
+                log.debug("could not store the trace context of %s: %s", ids, exc)
+            finally:
+                pool.release(conn)
+
+        return read
+
+    def publish_groups(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, groups: Any) -> Any:
+            finish = self._store(queue, [str(g[0]) for g in groups])
+            try:
+                return original(queue, groups)
+            finally:
+                finish()
+
+        return wrapper
+
+    def publish_result(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, *args: Any, **kwargs: Any) -> Any:
+            name = queue.sharded_as or queue.name
+            with self.tracer.start_as_current_span(
+                f"send {name}", kind=SpanKind.PRODUCER, attributes=_base(queue, "send")
+            ) as span:
+                span.set_attribute("messaging.operation.name", "publish")
+                published = original(queue, *args, **kwargs)
+                span.set_attribute("messaging.message.id", published.id)
+                return published
+
+        return wrapper
+
+    def publish_many(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, payloads: Any, *args: Any, **kwargs: Any) -> Any:
+            payloads = list(payloads)
+            name = queue.sharded_as or queue.name
+            with self.tracer.start_as_current_span(
+                f"send {name}", kind=SpanKind.PRODUCER, attributes=_base(queue, "send")
+            ) as span:
+                span.set_attribute("messaging.operation.name", "publish")
+                span.set_attribute("messaging.batch.message_count", len(payloads))
+                return original(queue, payloads, *args, **kwargs)
+
+        return wrapper
+
+    # -- receive -----------------------------------------------------------------------
+
+    def _producers(self, queue: Any, got: Sequence[Delivery]) -> list[otel_context.Context]:
+        try:
+            raw = queue.client.mget([_trace_key(queue, d.id.split(" #")[0]) for d in got])
+        except Exception:  # tracing never fails a claim
+            return [otel_context.Context() for _ in got]
+        out = []
+        for value in raw:
+            carrier: dict[str, str] = {}
+            if value:
+                try:
+                    carrier = json.loads(value)
+                except ValueError:
+                    carrier = {}
+            out.append(propagate.extract(carrier, context=otel_context.Context()))
+        return out
+
+    def take(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, flat: Any) -> Any:
+            got: list[Delivery] = original(queue, flat)
+            if not got:
+                return got
+            producers = self._producers(queue, got)
+            links = []
+            for d, ctx in zip(got, producers, strict=True):
+                producer = trace.get_current_span(ctx).get_span_context()
+                if producer.is_valid:
+                    links.append(Link(producer, {"messaging.message.id": d.id}))
+                    _CONTEXTS.keep(d, ctx)
+            name = queue.sharded_as or queue.name
+            attributes = _base(queue, "receive")
+            attributes["messaging.operation.name"] = "claim"
+            if len(got) == 1:
+                attributes.update(_claim_attributes(got[0]))
+            else:
+                attributes["messaging.batch.message_count"] = len(got)
+            with self.tracer.start_as_current_span(
+                f"receive {name}", kind=SpanKind.CLIENT, attributes=attributes, links=links
+            ) as span:
+                for d in got:
+                    if d.deliveries > 1:
+                        span.add_event("reclaim", _claim_attributes(d))
+            return got
+
+        return wrapper
+
+    # -- settle ------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _settle_span(
+        self, queue: Any, operation: str, deliveries: Sequence[Delivery]
+    ) -> Iterator[Any]:
+        if _SETTLING.get():
+            yield trace.INVALID_SPAN
+            return
+        token = _SETTLING.set(True)
+        try:
+            with self._settle_span_now(queue, operation, deliveries) as span:
+                yield span
+        finally:
+            _SETTLING.reset(token)
+
+    def _settle_span_now(
+        self, queue: Any, operation: str, deliveries: Sequence[Delivery]
+    ) -> Any:
+        name = queue.sharded_as or queue.name
+        attributes = _base(queue, "settle")
+        attributes["messaging.operation.name"] = operation
+        if len(deliveries) == 1:
+            attributes.update(_claim_attributes(deliveries[0]))
+        else:
+            attributes["messaging.batch.message_count"] = len(deliveries)
+        return self.tracer.start_as_current_span(
+            f"settle {name}", kind=SpanKind.CLIENT, attributes=attributes
+        )
+
+    def ack_many(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, deliveries: Any, *args: Any, **kwargs: Any) -> Any:
+            deliveries = list(deliveries) if isinstance(deliveries, Sequence) else deliveries
+            if not isinstance(deliveries, list) or not deliveries:
+                return original(queue, deliveries, *args, **kwargs)
+            with self._settle_span(queue, "ack", deliveries) as span:
+                acked = original(queue, deliveries, *args, **kwargs)
+                for d, ok in zip(deliveries, acked, strict=False):
+                    if not ok:
+                        span.add_event("stale_ack", _claim_attributes(d))
+            _CONTEXTS.drop(deliveries)
+            return acked
+
+        return wrapper
+
+    def send_ack_many(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, deliveries: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(deliveries, Sequence) or not deliveries:
+                return original(queue, deliveries, *args, **kwargs)
+            with self._settle_span(queue, "ack", list(deliveries)):
+                answer = original(queue, deliveries, *args, **kwargs)
+            _CONTEXTS.drop(deliveries)
+            return answer
+
+        return wrapper
+
+    def ack_on(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, pipeline: Any, deliveries: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(deliveries, Sequence) or not deliveries:
+                return original(queue, pipeline, deliveries, *args, **kwargs)
+            with self._settle_span(queue, "ack", list(deliveries)) as span:
+                span.set_attribute("belayq.in_transaction", True)
+                out = original(queue, pipeline, deliveries, *args, **kwargs)
+            _CONTEXTS.drop(deliveries)
+            return out
+
+        return wrapper
+
+    def nack(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, delivery: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(delivery, Delivery):
+                return original(queue, delivery, *args, **kwargs)
+            with self._settle_span(queue, "nack", [delivery]) as span:
+                outcome = original(queue, delivery, *args, **kwargs)
+                span.set_attribute("belayq.outcome", outcome)
+                if outcome == "dead":
+                    span.add_event("dead_letter", _claim_attributes(delivery))
+                elif outcome == "stale":
+                    span.add_event("stale_ack", _claim_attributes(delivery))
+            _CONTEXTS.drop([delivery])
+            return outcome
+
+        return wrapper
+
+    def dead_letter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(queue: Any, delivery: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(delivery, Delivery):
+                return original(queue, delivery, *args, **kwargs)
+            with self._settle_span(queue, "dead_letter", [delivery]) as span:
+                dead = original(queue, delivery, *args, **kwargs)
+                if dead:
+                    span.add_event("dead_letter", _claim_attributes(delivery))
+                else:
+                    span.add_event("stale_ack", _claim_attributes(delivery))
+            _CONTEXTS.drop([delivery])
+            return dead
+
+        return wrapper
+
+
+#: (class, method name, the _Tracing method that wraps it)
+_WRAPPED: tuple[tuple[type, str, str], ...] = (
+    (Publishing, "publish_result", "publish_result"),
+    (Publishing, "publish_many", "publish_many"),
+    (Publishing, "_publish_groups", "publish_groups"),
+    (HeldClaims, "_take", "take"),
+    (Settling, "ack_many", "ack_many"),
+    (Settling, "send_ack_many", "send_ack_many"),
+    (Settling, "ack_on", "ack_on"),
+    (Settling, "nack", "nack"),
+    (Settling, "dead_letter", "dead_letter"),
+)
+
+
+class BelayqInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+    """Traces belayq's publishes, claims and settlements (see the module doc).
+
+    ``BelayqInstrumentor().instrument(tracer_provider=..., context_ttl_s=86400)``;
+    ``uninstrument()`` puts everything back.
+    """
+
+    _originals: dict[tuple[type, str], Any]
+
+    def instrumentation_dependencies(self) -> Collection[str]:
+        return ("belayq >= 0.2",)
+
+    def _instrument(self, **kwargs: Any) -> None:
+        ttl = kwargs.get("context_ttl_s", CONTEXT_TTL_S)
+        if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 1:
+            raise ValueError(f"context_ttl_s must be an int >= 1, got {ttl!r}")
+        tracer = trace.get_tracer(
+            "belayq", __version__, tracer_provider=kwargs.get("tracer_provider"),
+            schema_url="https://opentelemetry.io/schemas/1.26.0",
+        )
+        tracing = _Tracing(tracer, ttl)
+        self._originals = {}
+        for cls, name, how in _WRAPPED:
+            original = cls.__dict__[name]
+            self._originals[(cls, name)] = original
+            setattr(cls, name, getattr(tracing, how)(original))
+
+    def _uninstrument(self, **kwargs: Any) -> None:
+        for (cls, name), original in getattr(self, "_originals", {}).items():
+            setattr(cls, name, original)
+        self._originals = {}
+
+
+__all__ = ["CONTEXT_TTL_S", "BelayqInstrumentor", "context_of"]
