@@ -85,6 +85,36 @@ def test_a_consumer_span_joins_the_trace_that_published(
     assert send.parent is not None and send.parent.span_id == request.get_span_context().span_id
 
 
+@pytest.mark.parametrize("payload", [b"job-7f3a", b'{"task": "an envelope", "x": "' + b"y" * 60,
+                                     "é".encode()], ids=["own id", "long", "not ascii"])
+def test_a_queue_whose_lists_hold_the_payloads_links_too(
+    r: Any, make_queue: Any, spans: Any, payload: bytes
+) -> None:
+    """There the message's id is the payload's own (or its digest), not the one drawn for
+    the publish: the context is kept under it, and the receive links to the send. Identical
+    payloads share it: their claims link to the last one's send."""
+    q = make_queue(r, ready_key=f"inline-{len(payload)}", payload_in_list=True)
+    first = q.publish(payload)
+    second = q.publish(payload + b"2")
+    got = q.claim(count=2, timeout=0)
+    sends = {s.attributes["messaging.message.id"]: s for s in _named(spans, "send ")}
+    assert set(sends) == {first, second} == {d.id for d in got}
+    [receive] = _named(spans, "receive ")
+    assert sorted((link.attributes["messaging.message.id"], link.context.span_id)
+                  for link in receive.links) == sorted(
+        (mid, s.context.span_id) for mid, s in sends.items())
+    assert q.ack_many(got) == [True, True]
+
+    spans.clear()
+    q.publish(payload)
+    q.publish(payload)
+    got = q.claim(count=2, timeout=0)
+    assert len({d.id for d in got}) == 2  # a copy's id carries its number
+    [receive] = _named(spans, "receive ")
+    last = _named(spans, "send ")[-1]
+    assert [link.context.span_id for link in receive.links] == [last.context.span_id] * 2
+
+
 def test_a_batch_is_one_span_and_a_claim_of_many_links_each(
     r: Any, make_queue: Any, spans: Any
 ) -> None:

@@ -138,6 +138,11 @@ class QueueKeys:
         scripts derive it from the stats key, and it hashes to the queue's slot."""
         return f"{self.stats[: -len('stats')]}events"
 
+    def trace(self, message_id: str) -> str:
+        """The string holding a message's trace context (``belayq.otel``): it shares the
+        keys' prefix and slot, and expires on its own."""
+        return f"{self.stats[: -len('stats')]}trace:{message_id}"
+
     @property
     def ready(self) -> str:
         """The level-0 ready list (the BLMOVE source)."""

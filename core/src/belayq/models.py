@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,15 @@ from typing import Any
 def text(value: Any) -> str:
     """A reply field as text (ids, tokens and states are ASCII; anything else is escaped)."""
     return value.decode("utf-8", "backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+def entry_id(entry: bytes, inline: bool) -> str:
+    """The id of the message a ready-list entry holds: in a queue whose lists hold the
+    payloads (``payload_in_list``), a short printable-ASCII entry (an RQ job id) is its own
+    id and any other goes by its SHA-1, as the scripts name it; else the entry is the id."""
+    if inline and (len(entry) > 64 or not entry or any(c < 33 or c > 126 for c in entry)):
+        return hashlib.sha1(entry).hexdigest()
+    return text(entry)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
+from importlib.metadata import entry_points
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -52,7 +53,7 @@ from opentelemetry.trace import Link, SpanKind
 
 from . import __version__
 from .holding import HeldClaims
-from .models import Delivery
+from .models import Delivery, entry_id
 from .publishing import Publishing
 from .sent import pool_connection
 from .settling import Settling
@@ -61,6 +62,10 @@ SYSTEM = "belayq"
 #: How long a message's trace context is kept by default (s): a message claimed later than
 #: this after its publish starts a trace of its own.
 CONTEXT_TTL_S = 86_400
+#: The entry point group of the adapters' tracing hooks: each names a callable that takes
+#: the instrumentation's :class:`_Tracing` when ``instrument()`` runs and returns what
+#: undoes it.
+HOOKS = "belayq.otel"
 #: Claims whose producer context is kept in this process until they are settled.
 _KEPT_MAX = 10_000
 
@@ -116,8 +121,30 @@ def context_of(delivery: Delivery) -> otel_context.Context:
     return found if found is not None else otel_context.get_current()
 
 
+def carrier_of(delivery: Delivery) -> dict[str, str]:
+    """The W3C trace headers (``traceparent``, ``tracestate``) of the trace that published
+    ``delivery``'s message; empty when it carries none. The adapters hand them to the
+    framework's own task headers, so its instrumentation joins the trace too."""
+    found = _CONTEXTS.get(delivery)
+    carrier: dict[str, str] = {}
+    if found is not None:
+        propagate.inject(carrier, context=found)
+    return carrier
+
+
+def _published_id(group: Sequence[Any], inline: bool) -> str:
+    """The id a publish's message will have: the one drawn for it, or, in a queue whose lists
+    hold the payloads, the payload's own (see :func:`~belayq.models.entry_id`)."""
+    if not inline:
+        return str(group[0])
+    payload = group[1]
+    return entry_id(payload.encode("utf-8") if isinstance(payload, str) else bytes(payload),
+                    inline)
+
+
 def _trace_key(queue: Any, message_id: str) -> str:
-    return f"{queue.keys.stats[: -len('stats')]}trace:{message_id}"
+    key: str = queue.keys.trace(message_id)
+    return key
 
 
 def _base(queue: Any, operation: str) -> dict[str, Any]:
@@ -136,8 +163,9 @@ def _claim_attributes(d: Delivery) -> dict[str, Any]:
 class _Tracing:
     """The wrappers one :meth:`BelayqInstrumentor.instrument` installs."""
 
-    def __init__(self, tracer: trace.Tracer, context_ttl_s: int) -> None:
+    def __init__(self, tracer: trace.Tracer, provider: Any, context_ttl_s: int) -> None:
         self.tracer = tracer
+        self.provider = provider
         self.ttl_ms = context_ttl_s * 1000
 
     # -- send --------------------------------------------------------------------------
@@ -146,18 +174,29 @@ class _Tracing:
         """Write the current context as the context of messages ``ids``, sent before the
         publish goes out and read after it, so it costs no round trip of its own (a cluster
         client waits for it). Returns what reads the reply (call it once)."""
+        return self.store(queue.client, [_trace_key(queue, i) for i in ids])
+
+    def context_value(self) -> str | None:
+        """The current context as a trace key holds it; None when there is none."""
         carrier: dict[str, str] = {}
         propagate.inject(carrier)
-        if not carrier or not ids:
+        return json.dumps(carrier, separators=(",", ":")) if carrier else None
+
+    def store(self, client: Any, keys: Sequence[str]) -> Callable[[], None]:
+        """Write the current context to the trace keys ``keys`` (see :meth:`_store`)."""
+        value = self.context_value()
+        if value is None or not keys:
             return _nothing
-        value = json.dumps(carrier, separators=(",", ":"))
-        commands = [("SET", _trace_key(queue, i), value, "PX", self.ttl_ms) for i in ids]
-        pool = getattr(queue.client, "connection_pool", None)
+        commands = [("SET", key, value, "PX", self.ttl_ms) for key in keys]
+        pool = getattr(client, "connection_pool", None)
         if pool is None:  # a cluster client routes each key itself
-            with queue.client.pipeline(transaction=False) as pipe:
-                for command in commands:
-                    pipe.execute_command(*command)
-                pipe.execute()
+            try:
+                with client.pipeline(transaction=False) as pipe:
+                    for command in commands:
+                        pipe.execute_command(*command)
+                    pipe.execute()
+            except Exception as exc:  # tracing never fails a publish
+                log.debug("could not store the trace context at %s: %s", keys, exc)
             return _nothing
         conn = pool_connection(pool)
         try:
@@ -165,7 +204,7 @@ class _Tracing:
         except Exception as exc:  # tracing never fails a publish
             conn.disconnect()
             pool.release(conn)
-            log.debug("could not store the trace context of %s: %s", ids, exc)
+            log.debug("could not store the trace context at %s: %s", keys, exc)
             return _nothing
 
         def read() -> None:
@@ -174,7 +213,7 @@ class _Tracing:
                     conn.read_response()
             except Exception as exc:
                 conn.disconnect()
-                log.debug("could not store the trace context of %s: %s", ids, exc)
+                log.debug("could not store the trace context at %s: %s", keys, exc)
             finally:
                 pool.release(conn)
 
@@ -183,7 +222,8 @@ class _Tracing:
     def publish_groups(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(queue: Any, groups: Any) -> Any:
-            finish = self._store(queue, [str(g[0]) for g in groups])
+            inline = queue.config.payload_in_list
+            finish = self._store(queue, [_published_id(g, inline) for g in groups])
             try:
                 return original(queue, groups)
             finally:
@@ -394,6 +434,7 @@ class BelayqInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """
 
     _originals: dict[tuple[type, str], Any]
+    _undo: list[Callable[[], None]]
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ("belayq >= 0.2",)
@@ -402,21 +443,31 @@ class BelayqInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ttl = kwargs.get("context_ttl_s", CONTEXT_TTL_S)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 1:
             raise ValueError(f"context_ttl_s must be an int >= 1, got {ttl!r}")
+        provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
         tracer = trace.get_tracer(
-            "belayq", __version__, tracer_provider=kwargs.get("tracer_provider"),
+            "belayq", __version__, tracer_provider=provider,
             schema_url="https://opentelemetry.io/schemas/1.26.0",
         )
-        tracing = _Tracing(tracer, ttl)
+        tracing = _Tracing(tracer, provider, ttl)
         self._originals = {}
         for cls, name, how in _WRAPPED:
             original = cls.__dict__[name]
             self._originals[(cls, name)] = original
             setattr(cls, name, getattr(tracing, how)(original))
+        self._undo = []
+        for hook in entry_points(group=HOOKS):
+            try:
+                self._undo.append(hook.load()(tracing))
+            except ImportError as exc:  # an adapter installed without its framework
+                log.debug("belayq tracing hook %s not installed: %s", hook.name, exc)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        for undo in reversed(getattr(self, "_undo", [])):
+            undo()
+        self._undo = []
         for (cls, name), original in getattr(self, "_originals", {}).items():
             setattr(cls, name, original)
         self._originals = {}
 
 
-__all__ = ["CONTEXT_TTL_S", "BelayqInstrumentor", "context_of"]
+__all__ = ["CONTEXT_TTL_S", "BelayqInstrumentor", "carrier_of", "context_of"]

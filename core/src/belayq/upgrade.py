@@ -14,12 +14,12 @@ interruption; it ends by stamping ``schema = 2``.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 from typing import Any
 
 from .errors import SchemaMismatch
 from .keys import SCHEMA_VERSION, QueueKeys, schema1_glob, schema1_message
+from .models import entry_id
 from .models import text as _text
 
 _BELL = b"\0belayq:bell"
@@ -72,7 +72,7 @@ def upgrade_schema1(
         if entry is None:
             break
         if entry != _BELL:
-            msg_id = _id_of(entry, payload_in_list)
+            msg_id = entry_id(entry, payload_in_list)
             level = int(client.hget(schema1_message(keys, msg_id), "l") or 1)
             push_head(level_list(level), entry)
             counts["returned"] += 1
@@ -120,8 +120,3 @@ def upgrade_schema1(
     client.hset(keys.stats, "schema", SCHEMA_VERSION)
     return counts
 
-
-def _id_of(entry: bytes, inline: bool) -> str:
-    if inline and (len(entry) > 64 or not entry or any(c < 33 or c > 126 for c in entry)):
-        return hashlib.sha1(entry).hexdigest()
-    return _text(entry)

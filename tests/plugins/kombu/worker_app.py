@@ -50,6 +50,25 @@ for name, value in (
             else float(value) if name == "worker_soft_shutdown_timeout" else int(value)
 _records = redis.Redis.from_url(env("BQ_BACKEND", "redis://127.0.0.1:6379/1"))
 
+# Tracing tests: spans go to BQ_TRACE_FILE, a JSON line each (every pool child appends).
+if env("BQ_TRACE_FILE"):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    from belayq.otel import BelayqInstrumentor
+
+    _provider = TracerProvider()
+    _provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+        out=open(env("BQ_TRACE_FILE", ""), "a"),  # noqa: SIM115  (the process's life)
+        formatter=lambda span: span.to_json(indent=None) + "\n")))
+    trace.set_tracer_provider(_provider)
+    BelayqInstrumentor().instrument(tracer_provider=_provider)
+    if env("BQ_TRACE_CELERY") == "1":
+        from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+        CeleryInstrumentor().instrument(tracer_provider=_provider)
+
 
 def record(event: str, i: Any, request: Any) -> None:
     info = request.delivery_info or {}
@@ -62,6 +81,17 @@ def record(event: str, i: Any, request: Any) -> None:
 @app.task
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@app.task
+def traced(i: int) -> int:
+    """Makes a span of its own (the tracing tests): it must join the publisher's trace."""
+    from opentelemetry import trace
+
+    with trace.get_tracer("worker_app").start_as_current_span(f"work {i}"):
+        if i < 0:
+            raise ValueError(f"task {i} fails")
+        return i
 
 
 @app.task(bind=True)

@@ -123,3 +123,18 @@ LIB_VERSION_LOOKUPS: list[int] = []
 def lib_version_lookups_here() -> int:
     """How often the process running this job (a work horse) read redis-py's version."""
     return LIB_VERSION_LOOKUPS.count(os.getpid())
+
+
+#: The tracer provider the tracing tests give :func:`traced`'s own span.
+TRACER_PROVIDER: Any = None
+
+
+def traced(i: int) -> int:
+    """Makes a span of its own (the tracing tests): it must join the enqueuer's trace."""
+    from opentelemetry import trace
+
+    tracer = trace.get_tracer("jobs", tracer_provider=TRACER_PROVIDER)
+    with tracer.start_as_current_span(f"work {i}"):
+        if i < 0:
+            raise ValueError(f"job {i} fails")
+        return i

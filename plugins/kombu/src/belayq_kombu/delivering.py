@@ -8,6 +8,7 @@ alive with nobody to settle it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from time import time
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,10 @@ loads: Any = _json.loads  # kombu's annotations are partial; Any to mypy --stric
 
 #: Property stamped on messages that carry an AMQP ``expiration`` (ms since the epoch).
 PUBLISHED_MS = "x-belayq-published-ms"
+
+#: The trace headers of a claimed message's publisher, while tracing is on
+#: (:mod:`.tracing`); None otherwise.
+trace_headers: Callable[[Delivery], dict[str, str]] | None = None
 
 
 def envelopes(
@@ -75,6 +80,8 @@ def envelopes(
         else:
             starts.stamp(props, queue, d)
             channel.claims.add(tag, rq, d)
+        if trace_headers is not None:
+            _add_trace_headers(raw, trace_headers(d))
         out.append((raw, tag))
     for d, reason in malformed:
         settle(rq, "dead", [d], reason)
@@ -85,6 +92,13 @@ def envelopes(
     if scheduled:
         out = _revoked_first(channel, out, scheduled)
     return out
+
+def _add_trace_headers(raw: dict[str, Any], carrier: dict[str, str]) -> None:
+    """Give the task the trace headers of its publisher, unless its producer set its own."""
+    headers = raw.get("headers")
+    if carrier and isinstance(headers, dict) and "traceparent" not in headers:
+        headers.update(carrier)
+
 
 def _revoked_first(
     channel: Channel, out: list[tuple[dict[str, Any], Any]], scheduled: dict[Any, str]

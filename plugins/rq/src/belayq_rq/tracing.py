@@ -1,0 +1,109 @@
+"""RQ jobs on belayq in the trace that enqueued them (``belayq[otel]``).
+
+:class:`belayq.otel.BelayqInstrumentor` loads this module through the ``belayq.otel``
+entry point when it instruments; nothing here runs otherwise. RQ producers push job ids
+with RQ's own code, so belayq traces them where RQ enqueues:
+
+* every enqueue (``enqueue``, ``enqueue_many``, a retry, a dependent, the scheduler's) is a
+  ``send <queue>`` span (PRODUCER), whose context is kept beside the job as a core
+  publish keeps it (a key of the queue that expires), written in RQ's own transaction when
+  RQ enqueues in one;
+* a belayq worker's claim is the core's ``receive <queue>`` span, linked to it, and the job
+  runs inside a ``process <queue>`` span (CONSUMER) of that trace, in the work horse of a
+  forking worker too, so the spans a job makes join the trace that enqueued it. A job that
+  raises leaves it with status ERROR. A work horse exports its spans before it exits.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from rq.queue import Queue
+from rq.worker import Worker
+
+from belayq.keys import QueueKeys
+from belayq.models import entry_id
+from belayq.otel import SYSTEM, context_of
+
+from .claims import claim_of
+
+
+def _owner(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO that defines ``name`` (where to wrap it)."""
+    return next(c for c in cls.__mro__ if name in vars(c))
+
+
+def _base(queue_name: str, operation: str) -> dict[str, Any]:
+    return {"messaging.system": SYSTEM, "messaging.destination.name": queue_name,
+            "messaging.operation.type": operation, "messaging.operation.name": operation}
+
+
+def install(tracing: Any) -> Callable[[], None]:
+    """Turn the tracing of RQ jobs on (``tracing``: belayq.otel's instrumentation); returns
+    what turns it off."""
+    tracer: trace.Tracer = tracing.tracer
+    enqueue_owner = _owner(Queue, "_enqueue_job")
+    perform_owner = _owner(Worker, "perform_job")
+    enqueue = vars(enqueue_owner)["_enqueue_job"]
+    perform = vars(perform_owner)["perform_job"]
+
+    @functools.wraps(enqueue)
+    def traced_enqueue(queue: Any, job: Any, pipeline: Any = None, *args: Any,
+                       **kwargs: Any) -> Any:
+        attributes = _base(queue.name, "send")
+        attributes["messaging.operation.name"] = "publish"
+        attributes["messaging.message.id"] = job.id
+        with tracer.start_as_current_span(f"send {queue.name}", kind=SpanKind.PRODUCER,
+                                          attributes=attributes):
+            key = QueueKeys.build(queue.name, ready_key=queue.key).trace(
+                entry_id(job.id.encode("utf-8"), inline=True))
+            if pipeline is not None:  # RQ's transaction: the context goes in with the job
+                value = tracing.context_value()
+                if value is not None:
+                    pipeline.set(key, value, px=tracing.ttl_ms)
+                return enqueue(queue, job, pipeline, *args, **kwargs)
+            finish = tracing.store(queue.connection, [key])
+            try:
+                return enqueue(queue, job, pipeline, *args, **kwargs)
+            finally:
+                finish()
+
+    @functools.wraps(perform)
+    def traced_perform(worker: Any, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
+        claim = claim_of(job)
+        if claim is None:  # not claimed through belayq
+            return perform(worker, job, queue, *args, **kwargs)
+        attributes = _base(queue.name, "process")
+        attributes.update({"messaging.message.id": job.id,
+                           "belayq.delivery": claim.delivery.deliveries,
+                           "belayq.attempt": claim.delivery.attempts,
+                           "rq.job.func_name": str(job.func_name)})
+        span = tracer.start_span(f"process {queue.name}", context=context_of(claim.delivery),
+                                 kind=SpanKind.CONSUMER, attributes=attributes)
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                done = perform(worker, job, queue, *args, **kwargs)
+            if not done:
+                info = job.latest_result() if hasattr(job, "latest_result") else None
+                span.set_status(Status(StatusCode.ERROR, str(getattr(info, "exc_string", "")
+                                                               or "the job failed")[-500:]))
+            return done
+        finally:
+            span.end()
+            if getattr(worker, "_is_horse", False):  # exits with os._exit: export now
+                flush = getattr(tracing.provider, "force_flush", None)
+                if flush is not None:
+                    flush()
+
+    setattr(enqueue_owner, "_enqueue_job", traced_enqueue)  # noqa: B010
+    setattr(perform_owner, "perform_job", traced_perform)  # noqa: B010
+
+    def undo() -> None:
+        setattr(enqueue_owner, "_enqueue_job", enqueue)  # noqa: B010
+        setattr(perform_owner, "perform_job", perform)  # noqa: B010
+
+    return undo

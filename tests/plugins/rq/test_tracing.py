@@ -1,0 +1,108 @@
+"""RQ jobs on belayq in the trace that enqueued them (belayq[otel]), through real RQ
+workers: the SimpleWorker and the forking Worker (its work horse appends its spans to the
+same file). Spans are read from the SDK's in-memory exporter in this process and from its
+console exporter writing a JSON line per span to a file, for the horse's."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rq
+import rq.worker
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+import belayq_rq
+from belayq.otel import BelayqInstrumentor
+from tests.plugins.rq import jobs
+
+Spans = list[dict[str, Any]]
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[TracerProvider, InMemorySpanExporter, Path]]:
+    memory = InMemorySpanExporter()
+    path = tmp_path / "spans.jsonl"
+    out = path.open("a")
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter(
+        out=out, formatter=lambda span: span.to_json(indent=None) + "\n")))
+    BelayqInstrumentor().instrument(tracer_provider=provider)
+    jobs.TRACER_PROVIDER = provider
+    try:
+        yield provider, memory, path
+    finally:
+        jobs.TRACER_PROVIDER = None
+        BelayqInstrumentor().uninstrument()
+        out.close()
+
+
+def named(spans: Spans, name: str) -> Spans:
+    return [s for s in spans if s["name"] == name]
+
+
+@pytest.mark.parametrize("worker", [belayq_rq.SimpleWorker, belayq_rq.Worker],
+                         ids=["SimpleWorker", "Worker"])
+def test_a_job_runs_in_the_trace_that_enqueued_it(
+    worker: type[rq.worker.BaseWorker], conn: Any,
+    traced: tuple[TracerProvider, InMemorySpanExporter, Path],
+) -> None:
+    provider, memory, path = traced
+    name = f"traced-{uuid.uuid4().hex[:8]}"
+    producer = rq.Queue(name, connection=conn)  # RQ's own producer: belayq traces it
+    with provider.get_tracer("test").start_as_current_span("web request") as request:
+        ok = producer.enqueue(jobs.traced, 1)
+        bad = producer.enqueue(jobs.traced, -1)
+        [many] = producer.enqueue_many([rq.Queue.prepare_data(jobs.traced, (2,))])
+    worker([name], connection=conn).work(burst=True, logging_level="WARNING")
+    assert ok.get_status(refresh=True) == "finished" and ok.return_value() == 1
+    assert many.return_value() == 2
+    assert bad.get_status(refresh=True) == "failed"
+
+    spans = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    the_trace = f"0x{request.get_span_context().trace_id:032x}"
+    sends = {s["attributes"]["messaging.message.id"]: s for s in named(spans, f"send {name}")}
+    assert set(sends) == {ok.id, bad.id, many.id}
+    for send in sends.values():
+        assert send["kind"] == "SpanKind.PRODUCER"
+        assert send["context"]["trace_id"] == the_trace
+        assert send["attributes"]["messaging.operation.type"] == "send"
+
+    linked = {link["context"]["span_id"] for s in named(spans, f"receive {name}")
+              for link in s["links"]}
+    assert {s["context"]["span_id"] for s in sends.values()} <= linked
+
+    processes = {s["attributes"]["messaging.message.id"]: s
+                 for s in named(spans, f"process {name}")}
+    assert set(processes) == set(sends)
+    for job_id, process in processes.items():
+        assert process["kind"] == "SpanKind.CONSUMER"
+        assert process["parent_id"] == sends[job_id]["context"]["span_id"]
+        assert process["attributes"]["belayq.delivery"] == 1
+        assert process["attributes"]["rq.job.func_name"] == "tests.plugins.rq.jobs.traced"
+    assert processes[bad.id]["status"]["status_code"] == "ERROR"
+    assert "job -1 fails" in processes[bad.id]["status"]["description"]
+    assert processes[ok.id]["status"]["status_code"] == "UNSET"
+    works = {s["name"]: s for s in spans if s["name"].startswith("work ")}
+    assert works["work 1"]["parent_id"] == processes[ok.id]["context"]["span_id"]
+    assert works["work -1"]["parent_id"] == processes[bad.id]["context"]["span_id"]
+
+    settles = named(spans, f"settle {name}")
+    assert sum(s["attributes"].get("messaging.batch.message_count", 1) for s in settles) >= 2
+    in_this_process = {s.name for s in memory.get_finished_spans()}
+    assert {f"send {name}", f"receive {name}"} <= in_this_process
+
+
+def test_tracing_off_leaves_rq_as_it_was() -> None:
+    before = (rq.Queue._enqueue_job, rq.worker.Worker.perform_job)
+    BelayqInstrumentor().instrument(tracer_provider=TracerProvider())
+    assert (rq.Queue._enqueue_job, rq.worker.Worker.perform_job) != before
+    BelayqInstrumentor().uninstrument()
+    assert (rq.Queue._enqueue_job, rq.worker.Worker.perform_job) == before
