@@ -224,7 +224,8 @@ def test_registered_for_opentelemetry_instrument() -> None:
 
 
 def test_belayq_alone_imports_no_opentelemetry(redis_server: Any) -> None:
-    """redis-py 8 imports OpenTelemetry itself when it is installed; belayq adds nothing."""
+    """redis-py 8 imports OpenTelemetry itself when it is installed; belayq and its
+    adapters add nothing."""
     code = (
         "import sys, redis\n"
         f"c = redis.Redis(port={redis_server.port}); c.ping()\n"
@@ -232,7 +233,10 @@ def test_belayq_alone_imports_no_opentelemetry(redis_server: Any) -> None:
         "import belayq\n"
         "q = belayq.ReliableQueue(c, 'otel-free', keeper=False)\n"
         "q.publish(b'x'); [d] = q.claim(timeout=0); q.ack(d); q.close()\n"
-        "after = {m for m in sys.modules if 'opentelemetry' in m or m == 'belayq.otel'}\n"
+        "import belayq_kombu, belayq_rq, belayq_kombu.delivering\n"  # the adapters too
+        "assert belayq_kombu.delivering.trace_headers is None\n"
+        "after = {m for m in sys.modules if 'opentelemetry' in m or m.endswith(\n"
+        "         ('.otel', '.tracing'))}\n"
         "print(sorted(after - before))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
