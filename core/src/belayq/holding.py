@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
+from . import rollups
 from .config import QueueConfig
 from .errors import CLIENT_ERROR, ConfigError, ConnectionLost, DurabilityError
 from .keeper import KEEPER
@@ -25,6 +26,9 @@ from .sent import Sent
 
 log = logging.getLogger("belayq")
 T = TypeVar("T")
+
+#: How often a keeping process writes the per-minute snapshot of a queue's counters (s).
+ROLLUP_EVERY_S = 60.0
 
 # Every queue object, so that a forked child gets fresh locks (a keeper thread of the
 # parent may hold one at the instant of the fork, and the child would block forever on its
@@ -365,3 +369,7 @@ class HeldClaims:
         if self._unsettled:
             self.retry_unsettled()
         self.sweep()
+        now = time.monotonic()
+        if now >= getattr(self, "_rolled_at", 0.0) + ROLLUP_EVERY_S:
+            self._rolled_at = now
+            self._rolled = rollups.record_minute(self, getattr(self, "_rolled", None))  # type: ignore[arg-type]

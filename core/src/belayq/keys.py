@@ -138,6 +138,11 @@ class QueueKeys:
         scripts derive it from the stats key, and it hashes to the queue's slot."""
         return f"{self.stats[: -len('stats')]}events"
 
+    @property
+    def rollups(self) -> str:
+        """The hash of the queue's per-minute counter snapshots (:mod:`belayq.rollups`)."""
+        return f"{self.stats[: -len('stats')]}rollups"
+
     def trace(self, message_id: str) -> str:
         """The string holding a message's trace context (``belayq.otel``): it shares the
         keys' prefix and slot, and expires on its own."""
