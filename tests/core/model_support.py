@@ -625,6 +625,19 @@ class Model:
         self.fix_door()
         return (True, reclaimed, died, adopted, promoted, orphans)
 
+    def delete_dead(self, ids: list[str] | None, limit: int) -> int:
+        """QueueAdmin.delete_dead: replay.lua with discard."""
+        if ids:
+            chosen = list(dict.fromkeys(mid for mid in ids if mid in self.dead))
+        else:
+            chosen = [k for *_, k in sorted(s.order(k) for k, s in self.dead.items())[:limit]]
+        for mid in chosen:
+            del self.dead[mid]
+            self.meta.pop(mid, None)
+            self.payloads.pop(mid, None)
+        self.count("discarded", len(chosen))
+        return len(chosen)
+
     def replay(self, ids: list[str] | None, limit: int) -> int:
         if ids:
             chosen = [mid for mid in ids if self.dead.pop(mid, None) is not None]

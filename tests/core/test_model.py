@@ -764,14 +764,18 @@ class QueueMachine(RuleBasedStateMachine):
             self.sweep()
 
     @precondition(lambda self: self.model is not None and self.m.dead)
-    @rule(data=st.data(), by_id=st.booleans(), limit=st.integers(1, 3))
-    def replay_dead(self, data: st.DataObject, by_id: bool, limit: int) -> None:
+    @rule(data=st.data(), by_id=st.booleans(), limit=st.integers(1, 3), discard=st.booleans())
+    def replay_dead(self, data: st.DataObject, by_id: bool, limit: int, discard: bool) -> None:
+        """Replay dead letters, or delete them (``discard``)."""
         self.begin()
         ids = None
         if by_id:
             known = sorted(self.m.dead) + sorted(self.m.live())[:3] + ["no-such-id"]
             ids = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=3))
-        assert self.qs[0].replay_dead(ids, limit=limit) == self.m.replay(ids, limit)
+        if discard:
+            assert self.qs[0].delete_dead(ids, limit=limit) == self.m.delete_dead(ids, limit)
+        else:
+            assert self.qs[0].replay_dead(ids, limit=limit) == self.m.replay(ids, limit)
 
     @precondition(lambda self: self.model is not None and len(self.m.known) >= 12)
     @rule()

@@ -1041,7 +1041,7 @@ class TestReplay:
             advance(q, 10)
         assert q.replay_dead(limit=1) == 1
         assert ready_ids(q) == [ids[0].encode()]
-        assert int(q._scripts.run("replay", 5)) == 2
+        assert int(q._scripts.run("replay", 5, "0")) == 2
         assert ready_ids(q) == [i.encode() for i in ids]
         assert q.stats()["dead"] == 0
 
@@ -1075,6 +1075,28 @@ class TestReplay:
         assert inline.replay_dead() == 1
         assert inline.client.lrange(inline.keys.ready, 0, -1) == [b"job-1"]
         assert inline.client.hlen(inline.keys.payloads) == 0
+
+    def test_delete_by_ids_and_oldest(self, q: ReliableQueue) -> None:
+        ids = []
+        for i in range(3):
+            ids.append(dead_one(q, b"%d" % i))
+            advance(q, 10)
+        assert q.delete_dead([ids[1], ids[1], "nope"]) == 1
+        assert meta(q, ids[1]) is None and not q.client.hexists(q.keys.payloads, ids[1])
+        assert q.delete_dead(limit=1) == 1  # the oldest
+        assert q.client.zrange(q.keys.dead, 0, -1) == [ids[2].encode()]
+        assert q.client.hkeys(q.keys.payloads) == [ids[2].encode()]
+        assert q.delete_dead([]) == 0
+        with pytest.raises(ConfigError):
+            q.delete_dead("one-id")
+        assert q.stats()["discarded"] == 2 and q.stats()["ready"] == 0
+
+    def test_a_live_message_is_never_deleted(self, q: ReliableQueue) -> None:
+        waiting = q.publish(b"w")
+        q.publish(b"h")
+        [held] = q.claim(timeout=0)
+        assert q.delete_dead([waiting, held.id]) == 0
+        assert q.ack(held) and q.stats()["ready"] == 1
 
     def test_dead_set_is_capped(self, client: Any, make_queue: Any) -> None:
         q = make_queue(client, dead_letter_max=2)

@@ -167,17 +167,34 @@ class QueueAdmin:
             ConfigError: A ``limit`` that is not an int >= 1, or ``ids`` that are not a
                 sequence of non-empty str.
         """
+        return self._dead_letters("replay_dead", ids, limit, discard=False)
+
+    @_redis_errors
+    def delete_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
+        """Delete dead letters, payload and record: those in ``ids``, or, when ``ids`` is
+        None, the oldest ``limit``. An empty ``ids`` deletes nothing. Returns how many were
+        deleted (ids that are no dead letter are skipped).
+
+        Raises:
+            ConfigError: A ``limit`` that is not an int >= 1, or ``ids`` that are not a
+                sequence of non-empty str.
+        """
+        return self._dead_letters("delete_dead", ids, limit, discard=True)
+
+    def _dead_letters(self, call: str, ids: Sequence[str] | None, limit: int, *,
+                      discard: bool) -> int:
         check_int("limit", limit, minimum=1)
+        flag = "1" if discard else "0"
         if ids is None:
-            return int(self._scripts.run("replay", limit))
+            return int(self._scripts.run("replay", limit, flag))
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
-            raise ConfigError("replay_dead(ids=...) takes a sequence of ids, not one string")
+            raise ConfigError(f"{call}(ids=...) takes a sequence of ids, not one string")
         ids = list(ids)
         if any(not isinstance(i, str) or not i for i in ids):
-            raise ConfigError(f"replay_dead(ids=...) takes non-empty str ids, got {ids!r}")
+            raise ConfigError(f"{call}(ids=...) takes non-empty str ids, got {ids!r}")
         if not ids:
             return 0
-        return int(self._scripts.run("replay", limit, *ids))
+        return int(self._scripts.run("replay", limit, flag, *ids))
 
     @_redis_errors
     def purge(

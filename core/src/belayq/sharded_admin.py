@@ -62,11 +62,19 @@ class ShardedAdmin:
     def replay_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
         """As :meth:`ReliableQueue.replay_dead`: the dead letters in ``ids`` (each back in
         its own shard), or, when ``ids`` is None, the oldest ``limit`` over every shard."""
+        return self._dead_letters("replay_dead", ids, limit)
+
+    @_redis_errors
+    def delete_dead(self, ids: Sequence[str] | None = None, *, limit: int = 1000) -> int:
+        """As :meth:`ReliableQueue.delete_dead`, over every shard."""
+        return self._dead_letters("delete_dead", ids, limit)
+
+    def _dead_letters(self, call: str, ids: Sequence[str] | None, limit: int) -> int:
         if isinstance(ids, (str, bytes)):
-            raise ConfigError("replay_dead(ids=...) takes a sequence of ids, not one string")
+            raise ConfigError(f"{call}(ids=...) takes a sequence of ids, not one string")
         if ids is not None:
             wanted = list(ids)
-            return sum(q.replay_dead(wanted) for q in self.shards) if wanted else 0
+            return sum(getattr(q, call)(wanted) for q in self.shards) if wanted else 0
         oldest = sorted(
             (float(at), q.name, m.decode())
             for q in self.shards
@@ -75,7 +83,7 @@ class ShardedAdmin:
         by_shard: dict[str, list[str]] = {}
         for _, shard, msg_id in oldest[:limit]:
             by_shard.setdefault(shard, []).append(msg_id)
-        return sum(self._by_name[s].replay_dead(chunk) for s, chunk in by_shard.items())
+        return sum(getattr(self._by_name[s], call)(chunk) for s, chunk in by_shard.items())
 
     def purge(
         self, on_batch: Callable[[int], Any] | None = None, *, delayed: bool = True,

@@ -1,4 +1,5 @@
--- replay.lua: move dead letters back to the back of their ready lists with fresh counts.
+-- replay.lua: move dead letters back to the back of their ready lists with fresh counts,
+-- or delete them (discard).
 --
 -- KEYS[1] dead       zset id -> dead at
 -- KEYS[2] meta       hash id -> state
@@ -7,8 +8,9 @@
 -- KEYS[5..] levels   ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      how many to replay when no ids are given (oldest first)
--- ARGV[8..] ids      the dead letters to replay; none = the oldest `limit`
--- Returns the number replayed (ids not in the dead-letter set are skipped).
+-- ARGV[8] discard    '1': delete the dead letters (payload and record) instead
+-- ARGV[9..] ids      the dead letters to replay; none = the oldest `limit`
+-- Returns the number replayed or deleted (ids not in the dead-letter set are skipped).
 -- FLAGS: none: a full server (maxmemory) refuses it whole, before anything moves
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
@@ -22,12 +24,13 @@ local k = {dead = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4], 
 for i = 5, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 
 local limit = int_arg(7, 'limit', 1)
-for i = 8, #ARGV do text_arg(i, 'id') end
+local discard = flag_arg(8, 'discard')
+for i = 9, #ARGV do text_arg(i, 'id') end
 
 -- The dead letters to replay, and their state, are read before anything is written.
 local ids, seen = {}, {}
-if #ARGV >= 8 then
-  for i = 8, #ARGV do
+if #ARGV >= 9 then
+  for i = 9, #ARGV do
     local id = ARGV[i]
     if not seen[id] and redis.call('ZSCORE', k.dead, id) then
       seen[id] = true
@@ -38,6 +41,16 @@ else
   local oldest = redis.call('ZRANGE', k.dead, 0, limit - 1)
   for i = 1, #oldest do ids[#ids + 1] = oldest[i] end
 end
+if discard then
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', k.dead, id)
+    redis.call('HDEL', k.payloads, id)
+    forget_record(k, id)
+  end
+  count(k.stats, 'discarded', #ids)
+  return #ids
+end
+
 local metas, found = {}, {}
 for j, id in ipairs(ids) do
   metas[j] = meta_get(k.meta, id) or meta_new(1, 0)
