@@ -80,11 +80,14 @@ def test_replay_sweep_and_purge(client: redis.Redis, served: Any) -> None:
     with served(web.create_app(client)) as base:
         api = f"{base}/api/queue/belayq/jobs"
         assert sorted(r["reason"] for r in call(api)[1]["dead"]) == ["bad a", "bad b"]
-        assert call(f"{api}/replay", {"ids": a.id}) == (400, {"error":
-                                                             "ids must be a list of strings"})
+        assert call(f"{api}/replay", {"ids": a.id}) == (400, {
+            "error": "ids must be a non-empty list of non-empty strings"})
         assert call(f"{api}/replay", {})[0] == 400
+        assert call(f"{api}/replay", {"all": True})[0] == 400  # unconfirmed
+        assert call(f"{api}/replay", {"all": True, "confirm": "other"})[0] == 400
+        assert q.stats()["dead"] == 2
         assert call(f"{api}/replay", {"ids": [a.id]}) == (200, {"replayed": 1})
-        assert call(f"{api}/replay", {"all": True}) == (200, {"replayed": 1})
+        assert call(f"{api}/replay", {"all": True, "confirm": "jobs"}) == (200, {"replayed": 1})
         time.sleep(0.3)  # c's lease (200 ms) runs out: no keeper extends it
         status, swept = call(f"{api}/sweep", {})
         assert status == 200 and swept["reclaimed"] == 1

@@ -262,5 +262,7 @@ class QueueAdmin:
         message is claimed."""
         dropped = bool(int(self._scripts.run("drop")))
         if dropped:
+            # Kept beside the queue's state, by the lease keeper and the dashboard.
+            self.client.delete(self.keys.rollups, self.keys.actions)
             Registry(self.client, self.config.prefix).forget(self.kind, self.name)
         return dropped

@@ -139,6 +139,11 @@ class QueueKeys:
         return f"{self.stats[: -len('stats')]}events"
 
     @property
+    def actions(self) -> str:
+        """The list of what operators did to the queue from the dashboard, newest first."""
+        return f"{self.stats[: -len('stats')]}actions"
+
+    @property
     def rollups(self) -> str:
         """The hash of the queue's per-minute counter snapshots (:mod:`belayq.rollups`)."""
         return f"{self.stats[: -len('stats')]}rollups"

@@ -38,6 +38,37 @@ class KindTools(Protocol):
         ...
 
 
+class KindConsole(Protocol):
+    """What an adapter may add for the dashboard, when its framework keeps failures and
+    job records of its own (each method optional: the dashboard asks for those present)."""
+
+    def failed_count(self, queue: AnyQueue) -> int:
+        """How many failed jobs the framework keeps for the queue."""
+        ...
+
+    def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` of them: ``id``, ``task``, ``failed_at_ms``, ``reason``."""
+        ...
+
+    def retry_failed(self, queue: AnyQueue, ids: list[str]) -> int:
+        """Requeue failed jobs as the framework would; how many were requeued."""
+        ...
+
+    def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
+        """Delete failed jobs as the framework would; how many were deleted."""
+        ...
+
+    def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
+        """The framework's record of a message (None when it has none)."""
+        ...
+
+
+def console_for(kind: str) -> KindConsole | None:
+    """The adapter's dashboard part for ``kind`` (see :class:`KindConsole`), or None."""
+    tools = tools_for(kind)
+    return tools if hasattr(tools, "failed_count") else None  # type: ignore[return-value]
+
+
 @functools.cache
 def tools_for(kind: str) -> KindTools | None:
     """The tools the adapter of ``kind`` registered, or None (or when it fails to load,

@@ -14,6 +14,7 @@ from ..discovery import Found
 from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import tools_for
 from ..metrics import server_ms
+from ..models import entry_id
 from ..models import text as _text
 from ..queue import ReliableQueue
 from ..sharded import AnyQueue, parts_of
@@ -85,6 +86,8 @@ def _ready(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
         pipe.lrange(level, 0, limit - 1) if left else pipe.lrange(level, -limit, -1)
     entries = [e for got in pipe.execute() for e in (got if left else reversed(got))
                if e != BELL][:limit]
+    if q.config.payload_in_list:  # the entries are the messages, known by their own ids
+        return [{"id": entry_id(e, True), **describe(e)} for e in entries]
     ids = [_text(e) if len(e) <= MAX_ID_CHARS else "" for e in entries]
     payloads = q.client.hmget(q.keys.payloads, ids) if ids else []
     return [{"id": i if p is not None else None, **describe(p if p is not None else e)}

@@ -32,11 +32,14 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .. import rollups
 from ..cli import views
 from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
-from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors
+from ..errors import CLIENT_ERROR, BelayqError, ConfigError, ConnectionLost, Errors
+from ..kinds import console_for
 from ..sharded import AnyQueue
+from . import console
 from .demo import DemoPool, PoolSettings
 
 #: The errors shown to the user (a queue that cannot be read, an unreachable server).
@@ -46,6 +49,8 @@ STATIC = Path(__file__).parent / "static"
 #: Rows of each list the page shows.
 SHOWN = 50
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: The most failed jobs one "all" action of the page requeues or deletes.
+FAILED_AT_ONCE = 10_000
 #: How long the list of queues is reused before it is looked up again (s).
 FIND_EVERY_S = 5.0
 
@@ -72,6 +77,7 @@ class Dashboard:
         self.demo = demo
         self._open: dict[tuple[str, str], tuple[Found, AnyQueue]] = {}
         self._found: tuple[float, list[Found]] | None = None
+        self.rates = console.Rates()
 
     def found(self) -> list[Found]:
         """The queues shown, looked up again at most every ``FIND_EVERY_S``."""
@@ -108,8 +114,19 @@ class Dashboard:
         return self._open[key]
 
     def overview(self) -> dict[str, Any]:
-        rows = views.queue_rows(self.found(), lambda f: self.queue(f.kind, f.name)[1])
+        rows = []
+        for f in self.found():
+            try:
+                rows.append(console.overview_row(f, self.queue(f.kind, f.name)[1], self.rates))
+            except ConnectionLost:
+                raise
+            except _SHOWN as exc:  # one unreadable queue is a line with its error
+                rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
+                             "error": f"{type(exc).__name__}: {exc}"})
         return {"queues": rows, "demo": self.demo.state() if self.demo else None}
+
+    def search(self, message_id: str) -> list[dict[str, Any]]:
+        return console.search([self.queue(f.kind, f.name) for f in self.found()], message_id)
 
     def detail(self, q: AnyQueue) -> dict[str, Any]:
         hung = set(self.demo.hung) if self.demo else set()
@@ -128,6 +145,9 @@ class Dashboard:
             "completed": [_record(h) for h in q.history("done", SHOWN)],
             "failed": [_record(h) for h in q.history("failed", SHOWN)],
             "history_max": q.config.history_max,
+            "framework_failed": console.failed(q, SHOWN),
+            "per_minute": rollups.history(q),
+            "actions": console.actions(q, SHOWN),
         }  # fmt: skip
 
 
@@ -215,6 +235,14 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
     def detail(request: Request, body: dict[str, Any]) -> Any:
         return board.detail(target(request))
 
+    def done(request: Request, q: AnyQueue, action: str, result: dict[str, Any],
+             **detail: Any) -> dict[str, Any]:
+        """Record ``action`` in the queue's log, and answer ``result``."""
+        client = request.client
+        console.record(q, action, {**detail, **result},
+                       by=client.host if client is not None else "unknown")
+        return result
+
     def sweep(request: Request, body: dict[str, Any]) -> Any:
         found, q = board.queue(request.path_params["kind"], request.path_params["name"])
         if not found.recorded:
@@ -222,24 +250,72 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
                               "its framework knows it): its recovery pass is left to its "
                               "workers")
         r = q.sweep()
-        return {"reclaimed": r.reclaimed, "adopted": r.adopted, "promoted": r.promoted,
-                "dead_lettered": r.dead_lettered}
+        return done(request, q, "sweep", {
+            "reclaimed": r.reclaimed, "adopted": r.adopted, "promoted": r.promoted,
+            "dead_lettered": r.dead_lettered})
+
+    def chosen(q: AnyQueue, body: dict[str, Any]) -> list[str] | None:
+        """The ids an action names (None: ``{"all": true}``, confirmed with the name)."""
+        ids = body.get("ids")
+        if ids is not None:
+            if not (isinstance(ids, list) and ids and all(isinstance(i, str) and i
+                                                           for i in ids)):
+                raise ConfigError("ids must be a non-empty list of non-empty strings")
+            return list(ids)
+        if body.get("all") is not True:
+            raise ConfigError('send {"ids": [...]} or {"all": true, "confirm": "<queue>"}')
+        if body.get("confirm") != q.name:
+            raise ConfigError(f'send {{"confirm": "{q.name}"}} to act on every one')
+        return None
 
     def replay(request: Request, body: dict[str, Any]) -> Any:
         q = target(request)
-        ids = body.get("ids")
-        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str)
-                                                                  for i in ids)):
-            raise ConfigError("ids must be a list of strings")
-        if ids is None and body.get("all") is not True:
-            raise ConfigError('send {"ids": [...]} or {"all": true}')
-        return {"replayed": q.replay_dead(ids, limit=q.config.dead_letter_max)}
+        ids = chosen(q, body)
+        n = q.replay_dead(ids, limit=q.config.dead_letter_max)
+        return done(request, q, "replay", {"replayed": n}, ids=ids or "all")
+
+    def delete(request: Request, body: dict[str, Any]) -> Any:
+        q = target(request)
+        where = body.get("from", "dead")
+        ids = chosen(q, body)
+        if where == "dead":
+            n = q.delete_dead(ids, limit=q.config.dead_letter_max)
+        elif where == "failed":
+            n = framework(q, "delete_failed", ids)
+        else:
+            raise ConfigError(f'"from" must be "dead" or "failed", got {where!r}')
+        return done(request, q, "delete", {"deleted": n}, ids=ids or "all", where=where)
+
+    def retry(request: Request, body: dict[str, Any]) -> Any:
+        q = target(request)
+        ids = chosen(q, body)
+        n = framework(q, "retry_failed", ids)
+        return done(request, q, "retry", {"requeued": n}, ids=ids or "all")
+
+    def framework(q: AnyQueue, call: str, ids: list[str] | None) -> int:
+        tools = console_for(q.kind)
+        if tools is None:
+            raise ConfigError(f"the framework of {q.name!r} ({q.kind}) keeps no failed jobs "
+                              "of its own here: its failures are the dead letters")
+        if ids is None:
+            ids = [row["id"] for row in tools.failed(q, FAILED_AT_ONCE)]
+        return int(getattr(tools, call)(q, ids))
 
     def purge(request: Request, body: dict[str, Any]) -> Any:
         q = target(request)
         if body.get("confirm") != q.name:
             raise ConfigError('send {"confirm": "<the queue name>"} to purge')
-        return {"purged": q.purge()}
+        n = q.purge()
+        return done(request, q, "purge", {"purged": int(n)})
+
+    def message(request: Request, body: dict[str, Any]) -> Any:
+        return console.message(target(request), request.path_params["id"])
+
+    def search(request: Request, body: dict[str, Any]) -> Any:
+        wanted = request.query_params.get("id", "").strip()
+        if not wanted:
+            raise ConfigError("search needs ?id=<message id>")
+        return {"id": wanted, "found": board.search(wanted)}
 
     def pool(request: Request, body: dict[str, Any]) -> Any:
         if demo is None:
@@ -268,6 +344,10 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         Route("/api/queue/{kind}/{name}/sweep", api(sweep), methods=["POST"]),
         Route("/api/queue/{kind}/{name}/replay", api(replay), methods=["POST"]),
         Route("/api/queue/{kind}/{name}/purge", api(purge), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/delete", api(delete), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/retry", api(retry), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/message/{id:path}", api(message)),
+        Route("/api/search", api(search)),
         Route("/api/demo/{action}", api(pool), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]

@@ -6,6 +6,9 @@ beside its queue list, through RQ's own API.
   interval), beside belayq's own delayed messages.
 * ``belayq purge`` does what ``rq empty`` does: the queued jobs go with their job hashes
   (and their dependents' lists); with ``--delayed``, the scheduled jobs too.
+* The dashboard shows RQ's own failures (the queue's ``FailedJobRegistry``), requeues or
+  deletes them as ``rq requeue`` and rq-dashboard do, and a job's detail from its hash:
+  function, arguments, status, times, and the latest result or exception.
 """
 
 from __future__ import annotations
@@ -13,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
-from rq.registry import ScheduledJobRegistry
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry
 
 from belayq.sharded import AnyQueue
 
@@ -64,6 +67,112 @@ class RQTools:
                          "task": job.func_name if job is not None else None,
                          "held_by": "rq scheduler"})
         return rows
+
+
+    def failed_count(self, queue: AnyQueue) -> int:
+        return int(_failed(queue).count)
+
+    def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
+        """The newest ``limit`` failed jobs of the queue's ``FailedJobRegistry``."""
+        registry = _failed(queue)
+        ids = list(reversed(registry.get_job_ids(-limit, -1))) if limit > 0 else []
+        jobs = Job.fetch_many(ids, connection=queue.client) if ids else []
+        rows: list[dict[str, Any]] = []
+        for job_id, job in zip(ids, jobs, strict=True):
+            if job is None:
+                rows.append({"id": job_id, "task": None, "reason": "(its job hash is gone)"})
+                continue
+            result = _latest(job)
+            rows.append({"id": job_id, "task": _safe(lambda j=job: j.func_name),
+                         "failed_at_ms": _ms(job.ended_at),
+                         "reason": _last_line(getattr(result, "exc_string", None))})
+        return rows
+
+    def retry_failed(self, queue: AnyQueue, ids: list[str]) -> int:
+        """Requeue failed jobs as ``rq requeue`` does; ids that are not in the registry (or
+        whose job hash is gone) are skipped. Returns how many were requeued."""
+        registry = _failed(queue)
+        done = 0
+        for job_id in dict.fromkeys(ids):
+            try:
+                registry.requeue(job_id)
+            except (InvalidJobOperation, NoSuchJobError):
+                continue
+            done += 1
+        return done
+
+    def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
+        """Delete failed jobs, hash and registry entry, as rq-dashboard does; ids that are
+        not in the registry are skipped. Returns how many were deleted."""
+        registry = _failed(queue)
+        done = 0
+        for job_id in dict.fromkeys(ids):
+            if queue.client.zscore(registry.key, job_id) is None:
+                continue
+            try:
+                registry.remove(job_id, delete_job=True)
+            except NoSuchJobError:  # its hash is gone already: the entry alone
+                registry.remove(job_id)
+            done += 1
+        return done
+
+    def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
+        """RQ's record of job ``message_id`` (None when RQ has no such job)."""
+        try:
+            job = Job.fetch(message_id, connection=queue.client)
+        except NoSuchJobError:
+            return None
+        result = _latest(job)
+        return {
+            "function": _safe(lambda: job.func_name),
+            "args": _safe(lambda: repr(job.args)),
+            "kwargs": _safe(lambda: repr(job.kwargs)),
+            "description": job.description,
+            "status": _safe(lambda: _status(job)),
+            "origin": job.origin,
+            "enqueued_at_ms": _ms(job.enqueued_at),
+            "started_at_ms": _ms(job.started_at),
+            "ended_at_ms": _ms(job.ended_at),
+            "retries_left": job.retries_left,
+            "exc_info": getattr(result, "exc_string", None),
+            "result": _safe(lambda: repr(result.return_value))
+            if result is not None and getattr(result, "return_value", None) is not None
+            else None,
+        }
+
+
+def _failed(queue: AnyQueue) -> FailedJobRegistry:
+    return FailedJobRegistry(queue.name, connection=queue.client)
+
+
+def _latest(job: Job) -> Any:
+    try:
+        return job.latest_result()
+    except Exception:  # a result RQ cannot read back: shown as none
+        return None
+
+
+def _safe(read: Any) -> Any:
+    """What ``read()`` returns, or a note when the job's data cannot be loaded here (a
+    function this process cannot import, a serializer it lacks)."""
+    try:
+        return read()
+    except Exception as exc:
+        return f"(cannot be read here: {type(exc).__name__})"
+
+
+def _status(job: Job) -> str:
+    status = job.get_status(refresh=False)
+    return str(getattr(status, "value", status))
+
+
+def _ms(when: Any) -> int | None:
+    return int(when.timestamp() * 1000) if when is not None else None
+
+
+def _last_line(text: str | None) -> str | None:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
 
 
 TOOLS = RQTools()

@@ -1,0 +1,280 @@
+"""What the dashboard reads and does beyond the command's listings (:mod:`belayq.cli.views`):
+the overview's rates and ages, one message's detail, search by id, the framework's own
+failures, and the log of what operators did to a queue.
+
+Every read is O(queues) or O(shown), never O(messages): the overview costs a few commands
+per queue, a message's detail a few per shard.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..admin import parse_meta
+from ..cli import views
+from ..discovery import Found
+from ..kinds import console_for
+from ..metrics import oldest_lease_age_s, oldest_ready_age_s, server_ms
+from ..models import entry_id
+from ..models import text as _text
+from ..queue import ReliableQueue
+from ..sharded import AnyQueue, parts_of
+
+#: Actions kept in a queue's log (newest first).
+ACTIONS_KEPT = 200
+#: Entries of each ready list a detail looks through for a message known by its digest.
+SEARCHED = 1000
+#: Characters of a payload a detail shows.
+PAYLOAD_CHARS = 20_000
+#: Messages whose counters feed the rate "in" (published) and "out" (settled).
+IN = ("published",)
+OUT = ("acked", "dead_lettered", "nacked")
+
+
+class Rates:
+    """Messages in and out per minute of each queue, from the counters the overview read
+    at its last two looks at least ``window_s`` apart (None until there are two)."""
+
+    def __init__(self, window_s: float = 5.0) -> None:
+        self.window_s = window_s
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
+
+    def update(self, key: tuple[str, str], stats: dict[str, int]) -> tuple[float | None,
+                                                                          float | None]:
+        now = time.monotonic()
+        sample = (now, sum(int(stats.get(c, 0)) for c in IN),
+                  sum(int(stats.get(c, 0)) for c in OUT))
+        with self._lock:
+            seen = self._seen.setdefault(key, [])
+            seen.append(sample)
+            # Keep the newest sample at least window_s old, and those after it.
+            while len(seen) > 2 and now - seen[1][0] >= self.window_s:
+                seen.pop(0)
+            first = seen[0]
+        elapsed = now - first[0]
+        if elapsed < 0.5:
+            return None, None
+        return (round(max(0, sample[1] - first[1]) * 60 / elapsed, 1),
+                round(max(0, sample[2] - first[2]) * 60 / elapsed, 1))
+
+
+def overview_row(found: Found, q: AnyQueue, rates: Rates) -> dict[str, Any]:
+    """One queue's line of the overview: its counts, the framework's failures, rates in
+    and out per minute, and the ages of its oldest waiting message and oldest lease."""
+    stats = q.stats()
+    row = views.queue_row(found, q)
+    row["published"] = stats.get("published", 0)
+    row["in_per_min"], row["out_per_min"] = rates.update((found.kind, found.name), stats)
+    tools = console_for(q.kind)
+    row["failed"] = tools.failed_count(q) if tools is not None else None
+    ready_ages, lease_ages = [], []
+    for part in parts_of(q):
+        now = server_ms(part)
+        ready_ages.append(oldest_ready_age_s(part, now))
+        if found.recorded:
+            lease_ages.append(oldest_lease_age_s(part, now))
+    row["oldest_ready_s"] = _oldest(ready_ages)
+    row["oldest_lease_s"] = _oldest(lease_ages)
+    row["paused"] = bool(stats.get("paused", 0))
+    return row
+
+
+def _oldest(ages: list[float | None]) -> float | None:
+    known = [a for a in ages if a is not None]
+    return round(max(known), 1) if known else None
+
+
+def failed(q: AnyQueue, limit: int) -> dict[str, Any] | None:
+    """The framework's own failures (RQ's failed job registry), newest first; None for a
+    kind that keeps none."""
+    tools = console_for(q.kind)
+    if tools is None:
+        return None
+    return {"count": tools.failed_count(q), "rows": tools.failed(q, limit)}
+
+
+# -- one message -----------------------------------------------------------------------
+
+
+def message(q: AnyQueue, message_id: str) -> dict[str, Any]:
+    """Where message ``message_id`` is and what it holds: its state (ready, in flight,
+    delayed, dead, or finished when a history record holds it), counts, lease left or due
+    time, the payload decoded, and what the framework keeps of it.
+
+    Raises:
+        LookupError: Neither belayq nor the framework knows the message.
+    """
+    out: dict[str, Any] | None = None
+    for part in parts_of(q):
+        out = _in_part(part, message_id)
+        if out is not None:
+            break
+    tools = console_for(q.kind)
+    framework = tools.message(q, message_id) if tools is not None else None
+    if out is None:
+        finished = _finished(q, message_id)
+        if finished is None and framework is None:
+            raise LookupError(f"no message {message_id!r} in {q.name}")
+        out = finished or {"id": message_id, "state": "not in belayq's keys"}
+    if framework is not None:
+        out["framework"] = framework
+    return out
+
+
+def _in_part(q: ReliableQueue, message_id: str) -> dict[str, Any] | None:
+    c, k = q.client, q.keys
+    pipe = c.pipeline(transaction=False)
+    pipe.time()
+    pipe.hget(k.meta, message_id)
+    pipe.hget(k.payloads, message_id)
+    pipe.zscore(k.leases, message_id)
+    pipe.zscore(k.delayed, message_id)
+    pipe.zscore(k.dead, message_id)
+    (sec, micros), packed, payload, lease, due, dead_at = pipe.execute()
+    now = int(sec) * 1000 + int(micros) // 1000
+    meta = parse_meta(packed)
+    if meta is None and payload is None and lease is None and due is None and dead_at is None:
+        payload = _waiting_entry(q, message_id) if q.config.payload_in_list else None
+        if payload is None:
+            return None
+    out: dict[str, Any] = {"id": message_id, "shard": q.name if q.sharded_as else None}
+    if lease is not None:
+        out.update(state="in flight", lease_left_s=round((float(lease) - now) / 1000, 1))
+    elif due is not None:
+        out.update(state="delayed", due_in_s=round((float(due) - now) / 1000, 1))
+    elif dead_at is not None:
+        out.update(state="dead", dead_at_ms=int(float(dead_at)))
+    else:
+        out["state"] = "ready"
+    if meta is not None:
+        out.update({f: meta[f] for f in ("deliveries", "attempts", "level", "error")})
+        if meta["published_ms"]:
+            out["published_ms"] = meta["published_ms"]
+    out["payload"] = decode(payload)
+    return out
+
+
+def _waiting_entry(q: ReliableQueue, message_id: str) -> bytes | None:
+    """The entry of waiting message ``message_id`` of a queue whose lists hold the entries
+    themselves: an entry that is its own id (RQ's job ids) by LPOS, one known by its digest
+    (a kombu envelope) among the first :data:`SEARCHED` of each level."""
+    for level in q.keys.levels:
+        if q.client.lpos(level, message_id) is not None:
+            return message_id.encode()
+    left = q.config.ready_head == "left"
+    for level in q.keys.levels:
+        entries = q.client.lrange(level, 0, SEARCHED - 1) if left else \
+            q.client.lrange(level, -SEARCHED, -1)
+        for entry in entries:
+            if entry_id(entry, True) == message_id:
+                return bytes(entry)
+    return None
+
+
+def _finished(q: AnyQueue, message_id: str) -> dict[str, Any] | None:
+    for outcome in ("done", "failed"):
+        for h in q.history(outcome, views_limit()):
+            if h.id == message_id:
+                return {"id": h.id, "state": "completed" if outcome == "done" else "failed",
+                        "result": h.result, "reason": h.reason, "deliveries": h.deliveries,
+                        "attempts": h.attempts, "published_ms": h.published_ms,
+                        "finished_ms": h.finished_ms, "payload": decode(h.payload)}
+    return None
+
+
+def views_limit() -> int:
+    """How many finished messages of each outcome a lookup reads (the page's listing)."""
+    return 200
+
+
+def decode(payload: bytes | None) -> dict[str, Any] | None:
+    """A payload for people: a Celery task's fields (name, id, args, kwargs, retries, ETA,
+    root and parent ids) from a kombu envelope, else the JSON it holds, else its text."""
+    if payload is None:
+        return None
+    text = payload[:PAYLOAD_CHARS].decode("utf-8", "backslashreplace")
+    cut = len(payload) > PAYLOAD_CHARS
+    try:
+        value = json.loads(payload)
+    except (ValueError, UnicodeDecodeError):
+        return {"json": None, "text": text, "truncated": cut, "bytes": len(payload)}
+    task = _celery(value)
+    if task is not None:
+        return {"celery": task, "bytes": len(payload)}
+    return {"json": value if not cut else None, "text": None if not cut else text,
+            "truncated": cut, "bytes": len(payload)}
+
+
+def _celery(envelope: Any) -> dict[str, Any] | None:
+    if not isinstance(envelope, dict):
+        return None
+    headers = envelope.get("headers")
+    if not isinstance(headers, dict) or "task" not in headers:
+        return None
+    out = {name: headers.get(name) for name in (
+        "task", "id", "retries", "eta", "expires", "root_id", "parent_id", "group", "origin",
+    )}  # fmt: skip
+    body: Any = envelope.get("body")
+    props: Any = envelope.get("properties")
+    encoding = props.get("body_encoding") if isinstance(props, dict) else None
+    try:
+        raw = base64.b64decode(body) if encoding == "base64" else body
+        if envelope.get("content-type") == "application/json" and raw is not None:
+            decoded = json.loads(raw)
+            if isinstance(decoded, list) and len(decoded) >= 2:  # protocol 2
+                out["args"], out["kwargs"] = decoded[0], decoded[1]
+            elif isinstance(decoded, dict):  # protocol 1
+                out["args"], out["kwargs"] = decoded.get("args"), decoded.get("kwargs")
+        else:
+            out["body"] = f"({envelope.get('content-type')}, not shown)"
+    except (ValueError, TypeError) as exc:
+        out["body"] = f"(cannot be decoded: {exc})"
+    return out
+
+
+# -- search ------------------------------------------------------------------------------
+
+
+def search(queues: Sequence[tuple[Found, AnyQueue]], message_id: str) -> list[dict[str, Any]]:
+    """The queues that know message ``message_id`` now, and its state in each: a few
+    commands per queue."""
+    hits = []
+    for found, q in queues:
+        try:
+            detail = message(q, message_id)
+        except LookupError:
+            continue
+        hits.append({"kind": found.kind, "queue": found.name, "state": detail["state"]})
+    return hits
+
+
+# -- the log of actions ------------------------------------------------------------------
+
+
+def record(q: AnyQueue, action: str, detail: dict[str, Any], by: str) -> None:
+    """Add what an operator did to the queue's log (the newest :data:`ACTIONS_KEPT`)."""
+    first = parts_of(q)[0]
+    entry = json.dumps({"ms": server_ms(first), "action": action, "by": by, **detail},
+                       separators=(",", ":"), default=str)
+    pipe = first.client.pipeline(transaction=False)
+    pipe.lpush(first.keys.actions, entry)
+    pipe.ltrim(first.keys.actions, 0, ACTIONS_KEPT - 1)
+    pipe.execute()
+
+
+def actions(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
+    """The newest ``limit`` actions of the queue's log."""
+    first = parts_of(q)[0]
+    out = []
+    for raw in first.client.lrange(first.keys.actions, 0, limit - 1):
+        try:
+            out.append(json.loads(_text(raw)))
+        except ValueError:
+            continue
+    return out
