@@ -48,6 +48,18 @@ def parse_meta(packed: bytes | None) -> dict[str, Any] | None:
     }
 
 
+def stats_of(r: Any) -> dict[str, int]:
+    """The stats script's reply as :meth:`QueueAdmin.stats` returns it."""
+    names = ("ready", "in_flight", "landing", "delayed", "dead")
+    out = dict(zip(names, map(int, r[:5]), strict=True))
+    out["leased"] = out["in_flight"]
+    for i in range(5, len(r), 2):
+        name = _text(r[i])
+        if name != "schema":
+            out[name] = int(r[i + 1])
+    return out
+
+
 class Purged(int):
     """What a purge deleted: an int (the total, as purge returned before), with the ready
     and the delayed messages apart.
@@ -90,15 +102,7 @@ class QueueAdmin:
         schema-1 name ``leased``), ``landing`` (entries between BLMOVE and their lease),
         ``delayed``, ``dead``, then the counters (``published``, ``claimed``, ``acked``...).
         """
-        r = self._scripts.run("stats")
-        names = ("ready", "in_flight", "landing", "delayed", "dead")
-        out = dict(zip(names, map(int, r[:5]), strict=True))
-        out["leased"] = out["in_flight"]
-        for i in range(5, len(r), 2):
-            name = _text(r[i])
-            if name != "schema":
-                out[name] = int(r[i + 1])
-        return out
+        return stats_of(self._scripts.run("stats"))
 
     @_redis_errors
     def ready_by_level(self) -> list[int]:

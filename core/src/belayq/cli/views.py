@@ -162,9 +162,10 @@ def queue_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     return (*QUEUE_COLUMNS, "error") if any("error" in r for r in rows) else QUEUE_COLUMNS
 
 
-def queue_row(found: Found, q: AnyQueue) -> dict[str, Any]:
-    """One queue's line of ``belayq queues``, ``watch`` and the dashboard's overview."""
-    stats = q.stats()
+def queue_row(found: Found, q: AnyQueue, stats: dict[str, int] | None = None) -> dict[str, Any]:
+    """One queue's line of ``belayq queues``, ``watch`` and the dashboard's overview
+    (``stats``: the queue's, when already read)."""
+    stats = q.stats() if stats is None else stats
     return {"kind": found.kind, "queue": q.name, "shards": stats.get("shards", 1),
             "recorded": found.recorded, **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}
 

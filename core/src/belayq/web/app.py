@@ -114,15 +114,16 @@ class Dashboard:
         return self._open[key]
 
     def overview(self) -> dict[str, Any]:
-        rows = []
+        items, rows = [], []
         for f in self.found():
             try:
-                rows.append(console.overview_row(f, self.queue(f.kind, f.name)[1], self.rates))
+                items.append(self.queue(f.kind, f.name))
             except ConnectionLost:
                 raise
-            except _SHOWN as exc:  # one unreadable queue is a line with its error
+            except _SHOWN as exc:  # one that cannot be opened is a line with its error
                 rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
                              "error": f"{type(exc).__name__}: {exc}"})
+        rows = console.overview_rows(items, self.rates) + rows
         return {"queues": rows, "demo": self.demo.state() if self.demo else None}
 
     def search(self, message_id: str) -> list[dict[str, Any]]:

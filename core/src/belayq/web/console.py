@@ -15,16 +15,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..admin import parse_meta
+from ..admin import parse_meta, stats_of
 from ..cli import views
 from ..discovery import Found
+from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import console_for
-from ..metrics import oldest_lease_age_s, oldest_ready_age_s, server_ms
+from ..metrics import oldest_lease_age_s, oldest_ready_age_s, published_ms_of, server_ms
 from ..models import entry_id
 from ..models import text as _text
 from ..queue import ReliableQueue
 from ..sharded import AnyQueue, parts_of
 
+#: The errors of a queue that cannot be read: its line says so.
+_SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
 #: Actions kept in a queue's log (newest first).
 ACTIONS_KEPT = 200
 #: Entries of each ready list a detail looks through for a message known by its digest.
@@ -67,12 +70,7 @@ class Rates:
 def overview_row(found: Found, q: AnyQueue, rates: Rates) -> dict[str, Any]:
     """One queue's line of the overview: its counts, the framework's failures, rates in
     and out per minute, and the ages of its oldest waiting message and oldest lease."""
-    stats = q.stats()
-    row = views.queue_row(found, q)
-    row["published"] = stats.get("published", 0)
-    row["in_per_min"], row["out_per_min"] = rates.update((found.kind, found.name), stats)
-    tools = console_for(q.kind)
-    row["failed"] = tools.failed_count(q) if tools is not None else None
+    row = _row(found, q, q.stats(), rates)
     ready_ages, lease_ages = [], []
     for part in parts_of(q):
         now = server_ms(part)
@@ -81,6 +79,87 @@ def overview_row(found: Found, q: AnyQueue, rates: Rates) -> dict[str, Any]:
             lease_ages.append(oldest_lease_age_s(part, now))
     row["oldest_ready_s"] = _oldest(ready_ages)
     row["oldest_lease_s"] = _oldest(lease_ages)
+    return row
+
+
+def overview_rows(items: Sequence[tuple[Found, AnyQueue]], rates: Rates) -> list[dict[str, Any]]:
+    """The overview's lines of ``items``, in their order. The queues of one server are read
+    in one pipeline (their stats scripts, the heads of their lists, their oldest leases),
+    so a page of hundreds of queues costs a few round trips; a sharded queue, or one on a
+    cluster, is read on its own (:func:`overview_row`). A queue that cannot be read is a
+    line with its ``error``; a lost connection ends the overview."""
+    rows: list[dict[str, Any] | None] = [None] * len(items)
+    batches: dict[int, list[tuple[int, Found, ReliableQueue]]] = {}
+    for i, (found, q) in enumerate(items):
+        if isinstance(q, ReliableQueue) and hasattr(q.client, "connection_pool"):
+            batches.setdefault(id(q.client), []).append((i, found, q))
+        else:
+            rows[i] = _guarded(found, lambda f=found, q=q: overview_row(f, q, rates))
+    for batch in batches.values():
+        for i, row in _batch_rows(batch, rates):
+            rows[i] = row
+    return [row for row in rows if row is not None]
+
+
+def _guarded(found: Found, read: Any) -> dict[str, Any]:
+    try:
+        row: dict[str, Any] = read()
+        return row
+    except ConnectionLost:
+        raise
+    except _SHOWN as exc:
+        return {"kind": found.kind, "queue": found.name, "recorded": found.recorded,
+                "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _batch_rows(batch: list[tuple[int, Found, ReliableQueue]],
+                rates: Rates) -> list[tuple[int, dict[str, Any]]]:
+    pipe = batch[0][2].client.pipeline(transaction=False)
+    pipe.time()
+    plans = []
+    for _, found, q in batch:
+        pipe.execute_command(*q._scripts.command("stats"))
+        levels = () if q.config.payload_in_list else q.keys.levels
+        index = -1 if q.config.ready_head == "right" else 0
+        for level in levels:
+            pipe.lindex(level, index)
+        if found.recorded:
+            pipe.zrange(q.keys.leases, 0, 0, withscores=True)
+        plans.append((len(levels), found.recorded))
+    replies = pipe.execute(raise_on_error=False)
+    seconds, micros = replies[0]
+    now = int(seconds) * 1000 + int(micros) // 1000
+    out, at = [], 1
+    for (i, found, q), (heads, leased) in zip(batch, plans, strict=True):
+        mine = replies[at:at + 1 + heads + int(leased)]
+        at += len(mine)
+        out.append((i, _guarded(found, lambda f=found, q=q, m=mine, h=heads, held=leased:
+                                _batched_row(f, q, m, h, held, now, rates))))
+    return out
+
+
+def _batched_row(found: Found, q: ReliableQueue, replies: list[Any], heads: int,
+                 leased: bool, now: int, rates: Rates) -> dict[str, Any]:
+    for reply in replies[1:]:
+        if isinstance(reply, Exception):
+            raise reply
+    stats = stats_of(q._scripts.answer("stats", [], replies[0]))
+    row = _row(found, q, stats, rates)
+    published = [p for p in (published_ms_of(_text(h)) for h in replies[1:1 + heads]
+                             if h is not None) if p is not None]
+    row["oldest_ready_s"] = round((now - min(published)) / 1000, 1) if published else None
+    first = replies[1 + heads] if leased else None
+    row["oldest_lease_s"] = round(max(0.0, (now - (float(first[0][1]) - q.config.lease_ms))
+                                      / 1000), 1) if first else None
+    return row
+
+
+def _row(found: Found, q: AnyQueue, stats: dict[str, int], rates: Rates) -> dict[str, Any]:
+    row = views.queue_row(found, q, stats)
+    row["published"] = stats.get("published", 0)
+    row["in_per_min"], row["out_per_min"] = rates.update((found.kind, found.name), stats)
+    tools = console_for(q.kind)
+    row["failed"] = tools.failed_count(q) if tools is not None else None
     row["paused"] = bool(stats.get("paused", 0))
     return row
 
