@@ -352,3 +352,40 @@ def test_an_rq_worker_runs_as_its_acl_user(
         KEEPER.stop_all()  # the lost claim's queue must not sweep a stopped server
         c.close()
     assert refusals(admin, "belayq-rq") == [], refusals(admin, "belayq-rq")
+
+
+def test_tracing_as_the_core_user_with_and_without_its_rules(
+    server: RedisServer, admin: redis.Redis
+) -> None:
+    """Tracing needs ``+set +mget`` (docs/acl.md). Without them the calls still succeed and
+    the spans are emitted, without the link from a receive to its send; with them, linked."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from belayq.otel import BelayqInstrumentor
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    rules = for_server(admin, documented_users()["belayq-core"])
+    BelayqInstrumentor().instrument(tracer_provider=provider)
+    try:
+        for extra, linked in (((), False), (("+set", "+mget"), True)):
+            admin.execute_command("ACL", "SETUSER", "belayq-traced", "reset", *rules, *extra)
+            c = redis.Redis(port=server.port, username="belayq-traced", password=PASSWORD)
+            q = ReliableQueue(c, f"acl-traced-{linked}", keeper=False)
+            exporter.clear()
+            q.publish(b"x")
+            [d] = q.claim(timeout=0)
+            assert q.ack(d)
+            names = [s.name for s in exporter.get_finished_spans()]
+            assert names == [f"send {q.name}", f"receive {q.name}", f"settle {q.name}"]
+            [receive] = [s for s in exporter.get_finished_spans() if s.kind.name == "CLIENT"
+                         and s.name.startswith("receive")]
+            assert bool(receive.links) is linked
+            assert q.stats()["in_flight"] == 0 and q.stats()["acked"] == 1
+            c.close()
+    finally:
+        BelayqInstrumentor().uninstrument()
+        admin.execute_command("ACL", "DELUSER", "belayq-traced")
