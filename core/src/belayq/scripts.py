@@ -163,6 +163,8 @@ class ScriptRunner:
         """Load the library (or the scripts) after a call found them missing. A client that
         the server refuses FCALL or FUNCTION LOAD (an ACL user without them, a proxy) uses
         scripts from then on, unless ``lua_functions=True``."""
+        if self._functions is None:  # loaded before the first call: pick what it will run
+            self._functions = self._pick_functions()
         if not self._functions:
             self._load_scripts()
             return
