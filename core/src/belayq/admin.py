@@ -246,4 +246,7 @@ class QueueAdmin:
         dropped = bool(int(self._scripts.run("drop")))
         if dropped:
             Registry(self.client, self.config.prefix).forget(self.kind, self.name)
+            forget = getattr(self, "_observed", None)  # not written back into a dropped queue
+            if forget is not None:
+                forget.take()
         return dropped
