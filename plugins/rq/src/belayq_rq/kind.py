@@ -6,6 +6,8 @@ beside its queue list, through RQ's own API.
   interval), beside belayq's own delayed messages.
 * ``belayq purge`` does what ``rq empty`` does: the queued jobs go with their job hashes
   (and their dependents' lists); with ``--delayed``, the scheduled jobs too.
+* The metrics read the oldest waiting job's ``enqueued_at`` (one ``HGET`` of the job at
+  the list's head) and the size of the queue's ``FailedJobRegistry`` (one ``ZCARD``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,12 @@ from typing import Any
 
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
-from rq.registry import ScheduledJobRegistry
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+from rq.utils import str_to_date
 
 from belayq.sharded import AnyQueue
+
+from .queue import enqueued_ms
 
 
 class RQTools:
@@ -64,6 +69,21 @@ class RQTools:
                          "task": job.func_name if job is not None else None,
                          "held_by": "rq scheduler"})
         return rows
+
+    def published_ms(self, queue: AnyQueue, entry: bytes) -> float | None:
+        """When RQ enqueued the job ``entry`` names (ms since the epoch), or None."""
+        raw = queue.client.hget(Job.key_for(entry.decode("utf-8", "replace")), "enqueued_at")
+        if not raw:
+            return None
+        try:
+            return enqueued_ms(str_to_date(raw))
+        except ValueError:
+            return None
+
+    def failed_jobs(self, queue: AnyQueue) -> int:
+        """How many jobs the queue's FailedJobRegistry holds (read only: no cleanup)."""
+        registry = FailedJobRegistry(queue.name, connection=queue.client)
+        return int(queue.client.zcard(registry.key))
 
 
 TOOLS = RQTools()
