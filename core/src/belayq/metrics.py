@@ -67,10 +67,8 @@ HISTOGRAM_FAMILIES = (
 
 
 def oldest_ready_age_s(q: ReliableQueue, now_ms: int) -> float | None:
-    """Age of the oldest waiting message (s), when its id tells its publish time (ids the
-    core chose); None otherwise, or when nothing waits."""
-    if q.config.payload_in_list:
-        return None
+    """Age of the oldest waiting message (s), when something tells its publish time (see
+    :func:`_published_ms`); None otherwise, or when nothing waits."""
     heads = []
     index = -1 if q.config.ready_head == "right" else 0
     for level in q.keys.levels:
