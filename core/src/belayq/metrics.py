@@ -8,21 +8,26 @@ Register the collector in your own app::
     REGISTRY.register(QueueCollector(lambda: [queue_a, queue_b]))
 
 or run ``belayq exporter --url redis://... --port 9808`` (every queue it finds, or those
-named). A scrape costs one stats script and two small reads per queue: O(queues), never
+named). A scrape costs one stats script and a few small reads per queue: O(queues), never
 O(messages).
 
 Metrics (labels ``kind`` and ``queue``: a queue is named by both, so a Celery queue and a
 belayq queue of the same name are two series; ``priority`` on ``belayq_ready``):
 
 * counters (``_total``): published, claimed, acked, nacked, reclaimed, adopted,
-  dead_lettered, stale_acks, lost_claims;
+  dead_lettered, stale_acks, lost_claims, failed (runs the framework reported failed);
 * gauges: ``belayq_ready``, ``belayq_in_flight``, ``belayq_delayed``, ``belayq_dead``;
-  ``belayq_oldest_ready_age_seconds`` (queues whose ids carry their publish time: belayq's
-  own; not the lists stock producers fill, whose entries carry no time);
+  ``belayq_oldest_ready_age_seconds`` (when the oldest entry tells its publish time:
+  belayq's ids, kombu envelopes belayq:// stamped, an RQ job's ``enqueued_at`` through the
+  kind's tools); ``belayq_consumers`` (consumers holding leases);
+  ``belayq_framework_failed`` (RQ's FailedJobRegistry, through the kind's tools);
   ``belayq_oldest_lease_age_seconds``: the time since the least recently renewed lease was
   renewed, against the queue's own recorded lease (about the keeper's period while every
   holder lives; near the lease when one stopped renewing). A queue whose lease nobody
   recorded (one only its framework knows) has no lease age.
+* histograms: ``belayq_queue_wait_seconds`` (publish -> first claim) and
+  ``belayq_run_seconds`` (claim -> ack), observed by the consumers
+  (:mod:`belayq.observing`).
 
 One series per queue and state: a queue handed to the collector twice is counted once.
 """
