@@ -50,6 +50,12 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         if not family.name.startswith("belayq_"):
             continue
         for s in family.samples:
+            if family.type == "histogram":
+                assert family.name.endswith("_seconds"), family
+                assert set(s.labels) <= {"kind", "queue", "le"}, s
+                assert s.name[len(family.name):] in ("_bucket", "_sum", "_count", "_created"), s
+                samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+                continue
             assert set(s.labels) <= {"kind", "queue", "priority"}, s
             if family.type == "counter":
                 assert s.name == family.name + "_total" or s.name.endswith("_created"), s

@@ -269,4 +269,7 @@ class QueueAdmin:
             # Kept beside the queue's state, by the lease keeper and the dashboard.
             self.client.delete(self.keys.rollups, self.keys.actions)
             Registry(self.client, self.config.prefix).forget(self.kind, self.name)
+            forget = getattr(self, "_observed", None)  # not written back into a dropped queue
+            if forget is not None:
+                forget.take()
         return dropped

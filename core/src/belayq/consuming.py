@@ -236,5 +236,7 @@ class Consuming(Settling):
                 ("ack", self._ack_args(deliveries), ""),
                 ("claim", args, str(args[4])),
             )
-        return [bool(int(x)) for x in acked], self._take(claimed[1:])
+        done = [bool(int(x)) for x in acked]
+        self._observe_acked(deliveries, done)
+        return done, self._take(claimed[1:])
 

@@ -21,6 +21,7 @@ from .keeper import KEEPER
 from .keys import QueueKeys
 from .models import Delivery, SweepResult
 from .models import text as _text
+from .observing import Observing, new_consumer_id, published_ms_of
 from .scripts import ScriptRunner
 from .sent import Sent
 
@@ -52,12 +53,15 @@ def _relock_after_fork() -> None:
         q._starting = set()
         q._sent = []  # the parent's connections: their replies are the parent's to read
         q._unsettled = []
+        q._observed.reset()
+        q._holding_since_beat = False
+        q._consumer_id = new_consumer_id()
 
 
 os.register_at_fork(after_in_child=_relock_after_fork)
 
 
-class HeldClaims:
+class HeldClaims(Observing):
     """Bookkeeping of unsettled claims, mixed into :class:`~belayq.ReliableQueue`."""
 
     name: str
@@ -107,6 +111,7 @@ class HeldClaims:
         # Runs before this claim reached max_deliveries: the final hand-over claim.
         ran_before = -1 if c.claim_starts else 0
         final = c.max_deliveries if c.exhausted == "deliver" else None
+        now = time.time()
         got = [
             Delivery(
                 id=_text(flat[i]),
@@ -117,9 +122,14 @@ class HeldClaims:
                 attempts=int(flat[i + 4]),
                 exhausted=final is not None and int(flat[i + 4]) + ran_before >= final,
                 shard=self.name if self.sharded_as else "",
+                claimed_s=now,
             )
             for i in range(0, len(flat), 5)
         ]
+        if not c.payload_in_list:  # ids the core chose carry their publish time
+            for d in got:
+                if d.deliveries == 1:
+                    self.first_claimed(d, published_ms_of(d.id))
         if got:
             # Under the lock that close() takes: a claim racing close() on another thread
             # registers the keeper again instead of leaving its claims unkept.
@@ -368,6 +378,8 @@ class HeldClaims:
             self._drop_lost(held, self._extend(held, count_stale=False))
         if self._unsettled:
             self.retry_unsettled()
+        self._note_holding()
+        self.flush_observations()
         self.sweep()
         now = time.monotonic()
         if now >= getattr(self, "_rolled_at", 0.0) + ROLLUP_EVERY_S:

@@ -62,6 +62,10 @@ class QueueKeys:
             an old queue is recognised at construction).
         history_done: List of the last acked messages, newest first (``history_max``).
         history_failed: List of the last dead-lettered messages, newest first.
+        observed: Hash of what the consumers observed for the metrics: histogram buckets,
+            runs the framework reported failed... (:mod:`belayq.observing`).
+        holders: Sorted set consumer -> the time of its last lease keeper beat while it held
+            leases (ms, the consumer's clock), for the metrics (:mod:`belayq.observing`).
     """
 
     levels: tuple[str, ...]
@@ -76,6 +80,8 @@ class QueueKeys:
     stats: str
     history_done: str
     history_failed: str
+    observed: str
+    holders: str
 
     @classmethod
     def build(
@@ -130,6 +136,8 @@ class QueueKeys:
             stats=f"{base}stats",
             history_done=f"{base}history:done",
             history_failed=f"{base}history:failed",
+            observed=f"{base}observed",
+            holders=f"{base}holders",
         )
 
     @property

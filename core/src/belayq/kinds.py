@@ -37,6 +37,12 @@ class KindTools(Protocol):
         soonest first: ``id``, ``due_in_s`` and what describes the message."""
         ...
 
+    # Optional, read by the metrics when present:
+    # published_ms(queue, entry: bytes) -> float | None: when the ready list's entry was
+    #     published (ms since the epoch), from what the framework keeps (one small read);
+    # failed_count(queue) -> int: the size of the framework's own failed registry
+    #     (see KindConsole).
+
 
 class KindConsole(Protocol):
     """What an adapter may add for the dashboard, when its framework keeps failures and

@@ -8,34 +8,43 @@ Register the collector in your own app::
     REGISTRY.register(QueueCollector(lambda: [queue_a, queue_b]))
 
 or run ``belayq exporter --url redis://... --port 9808`` (every queue it finds, or those
-named). A scrape costs one stats script and two small reads per queue: O(queues), never
+named). A scrape costs one stats script and a few small reads per queue: O(queues), never
 O(messages).
 
 Metrics (labels ``kind`` and ``queue``: a queue is named by both, so a Celery queue and a
 belayq queue of the same name are two series; ``priority`` on ``belayq_ready``):
 
 * counters (``_total``): published, claimed, acked, nacked, reclaimed, adopted,
-  dead_lettered, stale_acks, lost_claims;
+  dead_lettered, stale_acks, lost_claims, failed (runs the framework reported failed);
 * gauges: ``belayq_ready``, ``belayq_in_flight``, ``belayq_delayed``, ``belayq_dead``;
-  ``belayq_oldest_ready_age_seconds`` (queues whose ids carry their publish time: belayq's
-  own; not the lists stock producers fill, whose entries carry no time);
+  ``belayq_oldest_ready_age_seconds`` (when the oldest entry tells its publish time:
+  belayq's ids, kombu envelopes belayq:// stamped, an RQ job's ``enqueued_at`` through the
+  kind's tools); ``belayq_consumers`` (consumers holding leases);
+  ``belayq_framework_failed`` (RQ's FailedJobRegistry, through the kind's tools);
   ``belayq_oldest_lease_age_seconds``: the time since the least recently renewed lease was
   renewed, against the queue's own recorded lease (about the keeper's period while every
   holder lives; near the lease when one stopped renewing). A queue whose lease nobody
   recorded (one only its framework knows) has no lease age.
+* histograms: ``belayq_queue_wait_seconds`` (publish -> first claim) and
+  ``belayq_run_seconds`` (claim -> ack), observed by the consumers
+  (:mod:`belayq.observing`).
 
 One series per queue and state: a queue handed to the collector twice is counted once.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from .blocking import node_client
 from .errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
+from .kinds import tools_for
 from .models import text as _text
+from .observing import PUBLISHED_PROPERTY, published_ms_of, read_histogram, read_observed
 
 #: The errors of a queue that cannot be read: it is left out of the scrape, and logged.
 _SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
@@ -52,35 +61,50 @@ LABELS = ["kind", "queue"]
 #: The counters, as the queue's stats hash names them.
 COUNTERS = (
     "published", "claimed", "acked", "nacked", "reclaimed", "adopted", "dead_lettered",
-    "stale_acks", "lost_claims",
+    "stale_acks", "lost_claims", "failed",
 )  # fmt: skip
+
+#: The histograms: (family, stats name, help).
+HISTOGRAM_FAMILIES = (
+    ("queue_wait_seconds", "wait", "Time from publish to first claim"),
+    ("run_seconds", "run", "Time from claim to ack"),
+)
 
 
 def oldest_ready_age_s(q: ReliableQueue, now_ms: int) -> float | None:
-    """Age of the oldest waiting message (s), when its id tells its publish time (ids the
-    core chose); None otherwise, or when nothing waits."""
-    if q.config.payload_in_list:
-        return None
+    """Age of the oldest waiting message (s), when something tells its publish time (see
+    :func:`_published_ms`); None otherwise, or when nothing waits."""
     heads = []
     index = -1 if q.config.ready_head == "right" else 0
     for level in q.keys.levels:
         head = q.client.lindex(level, index)
         if head is not None:
-            published = published_ms_of(_text(head))
+            published = published_ms_of_entry(q, bytes(head))
             if published is not None:
                 heads.append(published)
-    return (now_ms - min(heads)) / 1000 if heads else None
+    return max(0.0, (now_ms - min(heads)) / 1000) if heads else None
 
 
-def published_ms_of(msg_id: str) -> int | None:
-    """The publish time (ms, client clock) a core-chosen id carries in its first 12 hex
-    digits; None for another id."""
-    if len(msg_id) != 32:
-        return None
-    try:
-        return int(msg_id[:12], 16)
-    except ValueError:
-        return None
+def published_ms_of_entry(q: ReliableQueue, entry: bytes) -> float | None:
+    """When a ready list's entry was published (ms since the epoch), if anything tells: a
+    core-chosen id; a kombu envelope belayq:// stamped; the framework's own record, through
+    its adapter's tools (RQ's job hash)."""
+    if not q.config.payload_in_list:
+        return published_ms_of(_text(entry))
+    if entry.startswith(b"{"):
+        try:
+            props = json.loads(entry).get("properties")
+            return float(props[PUBLISHED_PROPERTY])
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+    of = getattr(tools_for(q.kind), "published_ms", None)
+    return of(q, entry) if of is not None else None
+
+
+def consumers(q: ReliableQueue, now_ms: int) -> int:
+    """The consumers holding leases: those whose keeper beat within a lease (see
+    :mod:`belayq.observing`; O(consumers))."""
+    return len(q.client.zrangebyscore(q.keys.holders, now_ms - q.config.lease_ms, "+inf"))
 
 
 def oldest_lease_age_s(q: ReliableQueue, now_ms: int) -> float | None:
@@ -110,14 +134,17 @@ def _opened(item: AnyQueue | Callable[[], AnyQueue]) -> AnyQueue | None:
         return None
 
 
-def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], float]]:
+def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], Any]]:
     """(family, labels, value) of every series of one queue."""
     from .sharded import parts_of
 
     labels = [q.kind, q.name]
     stats = q.stats()
-    for name in COUNTERS:
-        yield name, labels, float(stats.get(name, 0))
+    observed: Counter[str] = Counter()
+    for p in parts_of(q):
+        observed.update(read_observed(p.client, p.keys))
+    for name in COUNTERS:  # published: also what consumers counted (RQ's producers' jobs)
+        yield name, labels, float(stats.get(name, 0) + observed.get(name, 0))
     for step, count in zip(q.config.priority_steps, q.ready_by_level(), strict=True):
         yield "ready", [*labels, str(step)], float(count)
     for name in ("in_flight", "delayed", "dead"):
@@ -125,10 +152,17 @@ def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], float]]:
     ages_of = [("oldest_ready_age_seconds", oldest_ready_age_s)]
     if q.limits_known:
         ages_of.append(("oldest_lease_age_seconds", oldest_lease_age_s))
+    parts = [(p, server_ms(p)) for p in parts_of(q)]
     for name, of in ages_of:
-        ages = [age for p in parts_of(q) if (age := of(p, server_ms(p))) is not None]
+        ages = [age for p, now in parts if (age := of(p, now)) is not None]
         if ages:  # the oldest over a sharded queue's shards
             yield name, labels, max(ages)
+    yield "consumers", labels, float(sum(consumers(p, now) for p, now in parts))
+    failed_count = getattr(tools_for(q.kind), "failed_count", None)
+    if failed_count is not None:
+        yield "framework_failed", labels, float(failed_count(q))
+    for family, histogram, _ in HISTOGRAM_FAMILIES:
+        yield family, labels, read_histogram(observed, histogram)
 
 
 class QueueCollector:
@@ -154,7 +188,11 @@ class QueueCollector:
         return []  # unchecked collector: the queues may change between scrapes
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
 
         counters = {
             name: CounterMetricFamily(f"belayq_{name}", f"Messages {name.replace('_', ' ')}",
@@ -172,7 +210,13 @@ class QueueCollector:
                 ("oldest_ready_age_seconds", "Age of the oldest waiting message"),
                 ("oldest_lease_age_seconds",
                  "Time since the least recently renewed lease was renewed"),
+                ("consumers", "Consumers holding leases"),
+                ("framework_failed", "Jobs in the framework's failed registry (RQ's)"),
             )
+        }
+        histograms = {
+            name: HistogramMetricFamily(f"belayq_{name}", help_text, labels=LABELS)
+            for name, _, help_text in HISTOGRAM_FAMILIES
         }
         for q in self._each():
             try:
@@ -185,7 +229,12 @@ class QueueCollector:
                 continue
             families: dict[str, Any] = {"ready": ready, **counters, **gauges}
             for family, labels, value in samples:
-                families[family].add_metric(labels, value)
+                if family in histograms:
+                    buckets, total = value
+                    histograms[family].add_metric(labels, buckets, total)
+                else:
+                    families[family].add_metric(labels, value)
         yield from counters.values()
         yield ready
         yield from gauges.values()
+        yield from histograms.values()

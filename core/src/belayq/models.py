@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -41,6 +41,8 @@ class Delivery:
             it.
         shard: The name of the shard it was claimed from, when ``queue`` is a
             :class:`~belayq.ShardedQueue` (whose settle calls route by it); ``""`` otherwise.
+        claimed_s: When the claim was taken (``time.time()`` of the claiming process; 0 for
+            a Delivery built by hand): the run time of the metrics is measured from it.
     """
 
     id: str
@@ -51,6 +53,7 @@ class Delivery:
     attempts: int = 0
     exhausted: bool = False
     shard: str = ""
+    claimed_s: float = field(default=0.0, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from .holding import FORKABLE
 from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
 from .models import Delivery, SweepResult
+from .observing import Observations, new_consumer_id
 from .publishing import Publishing
 from .registry import (
     KEPT_FIELDS,
@@ -125,6 +126,8 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         self._sent: list[tuple[Sent, list[Delivery], set[str]]] = []
         self._unsettled: list[tuple[str, Delivery, str]] = []
         self._lock = threading.Lock()
+        self._observed = Observations()
+        self._consumer_id = new_consumer_id()
         FORKABLE.add(self)
         self._connect()
 
@@ -347,6 +350,9 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
                 self._starting.clear()
         if release and held:
             self.release(held)
+        self.flush_observations()
+        if not self._held:
+            self._note_holding()
 
     def events(self) -> EventStream:
         """Subscribe to the queue's events (``events=True``): ``with q.events() as stream:

@@ -82,7 +82,9 @@ class Settling(HeldClaims):
             return []
         with self._settling(deliveries):
             reply = self._scripts.run("ack", *args, durable=self.config.durable)
-        return [bool(int(x)) for x in reply]
+        done = [bool(int(x)) for x in reply]
+        self._observe_acked(deliveries, done)
+        return done
 
     @_redis_errors
     def send_ack_many(self, deliveries: Sequence[Delivery]) -> Answer[list[bool]]:
@@ -111,7 +113,9 @@ class Settling(HeldClaims):
         @_redis_errors
         def read() -> list[bool]:
             with self._settling(deliveries):
-                return [bool(int(x)) for x in answer()]
+                done = [bool(int(x)) for x in answer()]
+            self._observe_acked(deliveries, done)
+            return done
 
         return Answer(read, sent)
 
@@ -141,11 +145,14 @@ class Settling(HeldClaims):
 
     def ack_on(self, pipeline: Any, deliveries: Sequence[Delivery]) -> None:
         """Queue the ack of ``deliveries`` on the caller's pipeline or transaction (no round
-        trip of its own). It is sent as EVAL with the script's text, so a server that lost
-        its script cache (restart, failover, SCRIPT FLUSH) still commits it with the rest of
-        the caller's transaction. The reply, one 1/0 per claim, comes with the pipeline's."""
+        trip of its own), with the metrics' observations when they are due. It is sent as
+        EVAL with the script's text, so a server that lost its script cache (restart,
+        failover, SCRIPT FLUSH) still commits it with the rest of the caller's transaction.
+        The reply, one 1/0 per claim, comes with the pipeline's (and the observations'
+        writes, when queued, after it)."""
         self._forget(deliveries)
         self._scripts.queue_on(pipeline, "ack", *self._ack_args(deliveries))
+        self._observe_acked(deliveries, [True] * len(deliveries), pipeline)
 
     @_redis_errors
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:

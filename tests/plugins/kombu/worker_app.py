@@ -131,3 +131,8 @@ def flaky(self: Any, i: int, countdown: float) -> int:
         raise self.retry(countdown=countdown)
     record("done", i, self.request)
     return i
+
+
+@app.task
+def boom(i: int) -> None:
+    raise ValueError(f"task {i} always fails")

@@ -20,7 +20,12 @@ from ..cli import views
 from ..discovery import Found
 from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import console_for
-from ..metrics import oldest_lease_age_s, oldest_ready_age_s, published_ms_of, server_ms
+from ..metrics import (
+    oldest_lease_age_s,
+    oldest_ready_age_s,
+    published_ms_of_entry,
+    server_ms,
+)
 from ..models import entry_id
 from ..models import text as _text
 from ..queue import ReliableQueue
@@ -119,7 +124,7 @@ def _batch_rows(batch: list[tuple[int, Found, ReliableQueue]],
     plans = []
     for _, found, q in batch:
         pipe.execute_command(*q._scripts.command("stats"))
-        levels = () if q.config.payload_in_list else q.keys.levels
+        levels = q.keys.levels
         index = -1 if q.config.ready_head == "right" else 0
         for level in levels:
             pipe.lindex(level, index)
@@ -145,7 +150,7 @@ def _batched_row(found: Found, q: ReliableQueue, replies: list[Any], heads: int,
             raise reply
     stats = stats_of(q._scripts.answer("stats", [], replies[0]))
     row = _row(found, q, stats, rates)
-    published = [p for p in (published_ms_of(_text(h)) for h in replies[1:1 + heads]
+    published = [p for p in (published_ms_of_entry(q, bytes(h)) for h in replies[1:1 + heads]
                              if h is not None) if p is not None]
     row["oldest_ready_s"] = round((now - min(published)) / 1000, 1) if published else None
     first = replies[1 + heads] if leased else None

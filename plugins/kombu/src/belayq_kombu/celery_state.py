@@ -171,3 +171,14 @@ def on_task_prerun(handler: Callable[..., None]) -> None:
     except ImportError:  # kombu without Celery
         return
     task_prerun.connect(handler, weak=False, dispatch_uid="belayq-task-prerun")
+
+
+def on_task_failure(handler: Callable[..., None]) -> None:
+    """Call ``handler(sender=task, ...)`` when a task raised, in the process that ran it
+    (Celery's ``task_failure``: in a prefork pool, in the child; while the task's request,
+    with the message's properties, is still current). Not for a retry (``Retry``)."""
+    try:
+        from celery.signals import task_failure
+    except ImportError:  # kombu without Celery
+        return
+    task_failure.connect(handler, weak=False, dispatch_uid="belayq-task-failure")

@@ -194,8 +194,9 @@ class Channel(stock.Channel):  # type: ignore[misc]
     # -- publish -----------------------------------------------------------------------
 
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
-        props = message.get("properties") or {}
-        if props.get("expiration") is not None and PUBLISHED_MS not in props:
+        props = message.get("properties")
+        if isinstance(props, dict) and PUBLISHED_MS not in props:
+            # Read for an AMQP expiration, the queue wait and the oldest waiting message.
             props[PUBLISHED_MS] = int(time() * 1000)
         priority = min(self._get_message_priority(message, reverse=False),
                        self.priority_steps[-1])  # above the last step: the last, as kombu

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from kombu.utils import json as _json
 
+from belayq.observing import PUBLISHED_PROPERTY
+
 from . import celery_state, eta, options, starts
 from .tags import settle, tag_of
 
@@ -26,8 +28,16 @@ log = logging.getLogger("belayq.kombu")
 
 loads: Any = _json.loads  # kombu's annotations are partial; Any to mypy --strict
 
-#: Property stamped on messages that carry an AMQP ``expiration`` (ms since the epoch).
-PUBLISHED_MS = "x-belayq-published-ms"
+#: Property belayq:// stamps on every message it publishes (ms since the epoch, the
+#: publisher's clock). Stock producers' messages carry none.
+PUBLISHED_MS = PUBLISHED_PROPERTY
+
+
+def _published_ms(props: dict[str, Any]) -> float | None:
+    try:
+        return float(props[PUBLISHED_MS])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 #: The trace headers of a claimed message's publisher, while tracing is on
 #: (:mod:`.tracing`); None otherwise.
@@ -65,6 +75,8 @@ def envelopes(
         if defer and wait > options.DEFER_MIN_S * 1000:
             deferred.append((d, wait))  # a stock producer's, or an older belayq's
             continue
+        if d.deliveries == 1:
+            rq.first_claimed(d, _published_ms(props))
         tag = tag_of(queue, d)
         task_id = eta.task_id(raw)
         if task_id is not None and eta.eta_ms(raw) is not None:

@@ -85,6 +85,24 @@ class PoolChild:
                 self._close()
                 self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
 
+    def report_failed(self, app: Any, claim: Any) -> None:
+        """Count the failed run of ``claim`` (a :data:`CLAIM_PROPERTY` value) in its
+        queue's ``failed`` counter: Celery acks a failed task like a successful one, so the
+        transport alone cannot tell them apart. One round trip, on failures only; a failure
+        that cannot be written is logged and not counted."""
+        try:
+            queue = str(claim[0])
+        except (TypeError, IndexError):
+            return
+        with self._lock:
+            try:
+                q = self._channel(app).queue(queue)
+                q.count_failed()
+                q.flush_observations()
+            except Exception as exc:  # the metrics must never fail a task's handling
+                log.warning("could not count a failed task of %s (%r)", queue, exc)
+                self._close()
+
     def _answer(self) -> None:
         """Read the answer of the last report sent."""
         pending, self._pending = self._pending, None
@@ -136,6 +154,15 @@ def _on_task_prerun(task: Any = None, **_: Any) -> None:
         POOL_CHILD.report(task.app, claim)
 
 
+def _on_task_failure(sender: Any = None, **_: Any) -> None:
+    props = getattr(getattr(sender, "request", None), "properties", None)
+    claim = props.get(CLAIM_PROPERTY) if isinstance(props, dict) else None
+    if claim is not None:
+        POOL_CHILD.report_failed(sender.app, claim)
+
+
 def connect_signals() -> None:
-    """Report task starts from the process that runs them (Celery's ``task_prerun``)."""
+    """Report task starts and failures from the process that runs them (Celery's
+    ``task_prerun`` and ``task_failure``)."""
     celery_state.on_task_prerun(_on_task_prerun)
+    celery_state.on_task_failure(_on_task_failure)

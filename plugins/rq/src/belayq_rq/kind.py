@@ -9,6 +9,8 @@ beside its queue list, through RQ's own API.
 * The dashboard shows RQ's own failures (the queue's ``FailedJobRegistry``), requeues or
   deletes them as ``rq requeue`` and rq-dashboard do, and a job's detail from its hash:
   function, arguments, status, times, and the latest result or exception.
+* The metrics read the oldest waiting job's ``enqueued_at`` (one ``HGET`` of the job at
+  the list's head) and the size of the queue's ``FailedJobRegistry`` (one ``ZCARD``).
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ from typing import Any
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
+from rq.utils import str_to_date
 
 from belayq.sharded import AnyQueue
+
+from .queue import enqueued_ms
 
 
 class RQTools:
@@ -68,9 +73,19 @@ class RQTools:
                          "held_by": "rq scheduler"})
         return rows
 
+    def published_ms(self, queue: AnyQueue, entry: bytes) -> float | None:
+        """When RQ enqueued the job ``entry`` names (ms since the epoch), or None."""
+        raw = queue.client.hget(Job.key_for(entry.decode("utf-8", "replace")), "enqueued_at")
+        if not raw:
+            return None
+        try:
+            return enqueued_ms(str_to_date(raw))
+        except ValueError:
+            return None
 
     def failed_count(self, queue: AnyQueue) -> int:
-        return int(_failed(queue).count)
+        """How many jobs the queue's FailedJobRegistry holds (read only: no cleanup)."""
+        return int(queue.client.zcard(_failed(queue).key))
 
     def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
         """The newest ``limit`` failed jobs of the queue's ``FailedJobRegistry``."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import redis
@@ -204,6 +205,8 @@ def _ready_to_run(
     """
     delivery = claim.delivery
     if delivery.deliveries == 1:
+        # RQ's producers push to RQ's own list: belayq counts a job as published here.
+        claim.core.first_claimed(delivery, enqueued_ms(job.enqueued_at), published=True)
         return True
     if job.get_status(refresh=False) in settle.SETTLED:
         settle.ack_ended(job, claim)
@@ -221,6 +224,15 @@ def _ready_to_run(
         job.id, delivery.attempts, claim.core.config.max_deliveries,
     )
     return True
+
+
+def enqueued_ms(at: datetime | None) -> float | None:
+    """A job's ``enqueued_at`` as ms since the epoch (RQ stores UTC), or None."""
+    if at is None:
+        return None
+    if at.tzinfo is None:
+        at = at.replace(tzinfo=timezone.utc)
+    return at.timestamp() * 1000
 
 
 def _load(

@@ -328,6 +328,8 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
         self._belayq_lost = None
         stopped = getattr(self, "_stopped_job_id", None) == job.id
         if claim is None or not lost or stopped:
+            if claim is not None and not stopped:
+                claim.core.count_failed()  # before the end's transaction, which writes it
             super().handle_job_failure(
                 job, queue, started_job_registry=started_job_registry, exc_string=exc_string
             )
