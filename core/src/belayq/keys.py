@@ -62,6 +62,12 @@ class QueueKeys:
             an old queue is recognised at construction).
         history_done: List of the last acked messages, newest first (``history_max``).
         history_failed: List of the last dead-lettered messages, newest first.
+        history_control: List of the last pauses and resumes, newest first.
+        unpaused: List that holds the bell from a resume until the next pause: consumers
+            that found the queue paused block on it (BLMOVE onto itself, so one bell wakes
+            every one of them), instead of on the ready list.
+        consumers: Sorted set ``"<tag> <host> <pid>"`` -> registered at (ms): the consumer
+            processes whose claims' tokens start with ``<tag>.``, newest first.
     """
 
     levels: tuple[str, ...]
@@ -76,6 +82,9 @@ class QueueKeys:
     stats: str
     history_done: str
     history_failed: str
+    history_control: str
+    unpaused: str
+    consumers: str
 
     @classmethod
     def build(
@@ -130,6 +139,9 @@ class QueueKeys:
             stats=f"{base}stats",
             history_done=f"{base}history:done",
             history_failed=f"{base}history:failed",
+            history_control=f"{base}history:control",
+            unpaused=f"{base}unpaused",
+            consumers=f"{base}consumers",
         )
 
     @property
