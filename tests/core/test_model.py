@@ -233,8 +233,9 @@ class QueueMachine(RuleBasedStateMachine):
 
         def nonced(count: int) -> list[Any]:
             out = claim_args(count)
-            assert len(str(out[4])) == 16, out  # os.urandom(8).hex()
-            self.nonce = out[4] = f"{self.nonces.getrandbits(64):016x}"
+            tag, dot, bits = str(out[4]).partition(".")  # the consumer's tag, os.urandom(8)
+            assert dot and len(tag) == 8 and len(bits) == 16, out
+            self.nonce = out[4] = f"{tag}.{self.nonces.getrandbits(64):016x}"
             return out
 
         def recorded(name: str, *args: Any, request_id: str = "", durable: bool = False) -> Any:
@@ -276,7 +277,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.clients[c].take(got)
 
     def check_due(self, due_ms: int) -> None:
-        """next_due_ms: the wait until the first delayed message, seen from the call's now."""
+        """next_due_ms: the wait until the first delayed message, seen from the call's now;
+        -2 while the queue is paused."""
+        if self.m.paused:
+            assert due_ms == -2
+            return
         if not self.m.delayed:
             assert due_ms == -1
             return
@@ -444,8 +449,10 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model is not None and self.m.levels[0])
     @rule(consumer=st.integers(0, 1))
     def blmove(self, consumer: int) -> None:
-        """A blocking claimer's BLMOVE (level 1 -> landing zone), lease not yet registered."""
+        """A blocking claimer's BLMOVE (level 1 -> landing zone), lease not yet registered;
+        while the queue is paused, one that was blocked since before the pause."""
         self.begin()
+        self.qs[consumer].paused_seen = False
         entry = self.client.execute_command(*self.qs[consumer].blmove_command(0.001))
         self.blmoved = True
         expected = self.m.blmove()
@@ -472,6 +479,19 @@ class QueueMachine(RuleBasedStateMachine):
         _, expected = self.m.lease(self.m.id_of(entry), count, self.last_rid(), tokens, due)
         self.check_due(due)
         self.took(c, got, expected)
+
+    @rule(consumer=st.integers(0, 1))
+    def pause(self, consumer: int) -> None:
+        """Claims stop (every later claim hands out nothing) until a resume."""
+        self.begin()
+        assert self.qs[consumer].pause() is (not self.m.paused)
+        self.m.paused = True
+
+    @rule(consumer=st.integers(0, 1))
+    def resume(self, consumer: int) -> None:
+        self.begin()
+        assert self.qs[consumer].resume() is self.m.paused
+        self.m.paused = False
 
     # -- settling ------------------------------------------------------------------------
 
@@ -931,6 +951,8 @@ class QueueMachine(RuleBasedStateMachine):
             "delayed": len(m.delayed),
             "dead": len(m.dead),
         }
+        assert (stats.pop("paused"), "paused_since_ms" in stats) == (int(m.paused), m.paused)
+        stats.pop("paused_since_ms", None)
         assert stats == dict(+m.counters)
         self.check_dead_letters()
 

@@ -39,8 +39,12 @@ local function hand_back(k, entry, now, lease_ms, nonce)
     redis.call('ZREM', k.leases, id)
     to_ready(k, id, m, true)
   end
-  count(k.stats, 'claimed', -(#got / 5))
-  return #got / 5
+  local n = #got / 5
+  if n > 0 and not TRANSIENT and
+      redis.call('HINCRBY', k.stats, 'claimed', -n) == 0 then
+    redis.call('HDEL', k.stats, 'claimed')  -- as if never counted
+  end
+  return n
 end
 
 -- How many entries one pop takes at most (Lua unpacks a bounded number of values at once).
