@@ -66,9 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED
 
 
-def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
+def _queue(
+    client: redis.Redis, args: argparse.Namespace, *, keeping: bool = False
+) -> tuple[Found, AnyQueue]:
     found = find(client, args.queue, args.kind, prefix=args.prefix)
-    return found, open_found(client, found, prefix=args.prefix)
+    return found, open_found(client, found, prefix=args.prefix, keeping=keeping)
 
 
 def _say(args: argparse.Namespace, *lines: str | None) -> None:
@@ -316,7 +318,7 @@ def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_pause(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = _queue(client, args, keeping=True)  # recorded in its history, as its own are
     changed = q.pause(_by())
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, "paused": True,
@@ -330,7 +332,7 @@ def cmd_pause(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_resume(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = _queue(client, args, keeping=True)
     changed = q.resume(_by())
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, "paused": False,
