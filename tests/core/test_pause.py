@@ -180,6 +180,20 @@ def test_a_bad_by_changes_nothing(q: ReliableQueue, by: Any) -> None:
     assert q.stats()["paused"] == 0
 
 
+def test_the_exporter_shows_the_pause(q: ReliableQueue) -> None:
+    pytest.importorskip("prometheus_client")
+    from belayq.metrics import QueueCollector
+
+    def paused() -> float:
+        [family] = [f for f in QueueCollector(lambda: [q]).collect() if f.name == "belayq_paused"]
+        [sample] = family.samples
+        return float(sample.value)
+
+    assert paused() == 0
+    q.pause()
+    assert paused() == 1
+
+
 def test_a_sharded_queue_pauses_every_shard(q: ReliableQueue) -> None:
     sq = ShardedQueue(q.client, f"s-{q.name}", shards=4, keeper=False,
                       lua_functions=q.config.lua_functions)
