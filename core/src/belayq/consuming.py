@@ -90,11 +90,12 @@ class Consuming(Settling):
         """The deliveries of a claim reply; after one that claimed something, this process
         registers as a consumer of the queue (its host and pid: lua/register.lua) when it
         has not for :data:`HOLDER_REFRESH_S`, so that its leases tell who holds them. A
-        claim that got nothing writes nothing, and a registration that fails (a full
+        claim that got nothing writes nothing, a transient queue keeps no record (it leaves
+        no key once its messages are settled), and a registration that fails (a full
         server, an ACL without its commands) is tried again later: claims never wait on
         it."""
         got = self._take(flat)
-        if not got:
+        if not got or self.config.transient:  # a transient queue leaves nothing behind
             return got
         pid, now = os.getpid(), time.monotonic()
         last = self._registered
