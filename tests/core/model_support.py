@@ -151,6 +151,7 @@ class Model:
         self.memo: dict[str, Any] = {}  # 'r:rid' -> reply parts (None: read back); 'd:x' -> id
         self.memo_exp: dict[str, Stamp] = {}
         self.counters: Counter[str] = Counter()
+        self.paused = False  # the stats hash's 'paused' field (its time is not modelled)
 
     # -- small pieces --------------------------------------------------------------------
 
@@ -478,10 +479,34 @@ class Model:
         self.adopt_landing(limit)
         self.promote_due(limit)
         out: list[Delivered] = []
-        self.claim_ready(want, out, tokens)
+        if not self.paused:
+            self.claim_ready(want, out, tokens)
         self.fix_door()
         self.remember_claim(rid, [None if due_ms is None else str(due_ms)], out, rid)
         return out
+
+    def hand_back(self, mid: str) -> None:
+        """lease.lua on a paused queue: the landed entry goes back to the head of the first
+        level as if never claimed (a provisional lease it had is taken over and dropped)."""
+        m = self.meta.get(mid)
+        if m is not None and m.t not in ("", "0"):
+            self.count("duplicates_dropped")
+            return
+        if m is not None and m.d != 0 and mid in self.dead:
+            del self.dead[mid]
+            m = None
+            self.count("resubmitted")
+        m = m or Meta(1)
+        m.level = 1
+        if self.cfg.inline:
+            self.payloads[mid] = self.known[mid]
+        elif mid not in self.payloads:
+            self.leases.pop(mid, None)
+            self.dead_letter(mid, m, "payload missing for id")
+            self.count("malformed")
+            return
+        self.leases.pop(mid, None)
+        self.to_ready(mid, m, True)
 
     def blmove(self) -> str | None:
         if not self.levels[0]:
@@ -500,6 +525,8 @@ class Model:
         elif lrem(self.processing, 1, entry) == 0:
             self.count("lost_claims")
             lost = True
+        elif self.paused:
+            self.hand_back(entry)
         else:
             d = self.take(entry, 1, tokens)
             if d:
@@ -511,7 +538,7 @@ class Model:
         self.sweep_expired(limit)
         self.adopt_landing(limit)
         self.promote_due(limit)
-        if want > 0:
+        if want > 0 and not self.paused:
             self.claim_ready(want, out, tokens)
         self.fix_door()
         self.remember_claim(rid, [str(due_ms), "1" if lost else "0"], out, rid)
@@ -725,7 +752,7 @@ class Model:
             for name in ("leases", "delayed", "dead", "memo_exp")
         }
         stats = dict(+self.counters)
-        if stats:
+        if stats or self.paused:
             stats["schema"] = 2
         return {
             "levels": [[self.entry_of(e) for e in self.lrange(i)] for i in range(len(self.levels))],
@@ -735,6 +762,7 @@ class Model:
             "payloads": dict(self.payloads),
             "memo": dict(self.memo),
             "stats": stats,
+            "paused": self.paused,
         }
 
 
@@ -770,7 +798,8 @@ def observe(client: Any, keys: Any, model: Model) -> dict[str, Any]:
         "memo": {
             k.decode(): v.decode() if k.startswith(b"d:") else unpack(v) for k, v in memo.items()
         },
-        "stats": {k.decode(): int(v) for k, v in stats.items()},
+        "stats": {k.decode(): int(v) for k, v in stats.items() if k != b"paused"},
+        "paused": b"paused" in stats,
     }
 
 

@@ -24,7 +24,7 @@ from belayq.registry import Registry
 from tests.core.conftest import run
 
 COMMANDS = ("queues", "stats", "inspect", "delayed", "dead", "history", "replay", "purge",
-            "drop", "watch", "exporter", "dashboard", "demo", "upgrade")
+            "drop", "pause", "resume", "watch", "exporter", "dashboard", "demo", "upgrade")
 
 #: Words the help never uses (it speaks of the product and its users only).
 NOT_SAID = re.compile(r"\b(seeds?|issues?|stop|stops|stopped|sessions?)\b", re.I)

@@ -51,6 +51,7 @@ unshrunk (fast while debugging).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -115,6 +116,17 @@ SETTLING = ("ack", "ack_many", "ack_claim", "nack", "bury", "release", "defer")
 def priorities(last: int) -> st.SearchStrategy[int]:
     """Mostly valid priorities, sometimes one out of 0..last (ConfigError)."""
     return st.one_of(*[st.integers(0, last)] * 4, st.sampled_from([-1, last + 1]))
+
+
+def give_back_sent(q: ReliableQueue) -> None:
+    """Read the replies of the calls ``q`` sent without waiting (reported starts), so their
+    connections go back to the client's pool: the examples of a run share one client, and a
+    dropped queue object would keep them out of the pool for good (a process that dies
+    closes its connections; the server has answered these already)."""
+    sent, q._sent = q._sent, []
+    for call, _, _ in sent:
+        with contextlib.suppress(Exception):
+            call.reply()
 
 
 def _s(value: bytes) -> str:
@@ -233,8 +245,9 @@ class QueueMachine(RuleBasedStateMachine):
 
         def nonced(count: int) -> list[Any]:
             out = claim_args(count)
-            assert len(str(out[4])) == 16, out  # os.urandom(8).hex()
-            self.nonce = out[4] = f"{self.nonces.getrandbits(64):016x}"
+            tag, dot, bits = str(out[4]).partition(".")  # the consumer's tag, os.urandom(8)
+            assert dot and len(tag) == 8 and len(bits) == 16, out
+            self.nonce = out[4] = f"{tag}.{self.nonces.getrandbits(64):016x}"
             return out
 
         def recorded(name: str, *args: Any, request_id: str = "", durable: bool = False) -> Any:
@@ -276,7 +289,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.clients[c].take(got)
 
     def check_due(self, due_ms: int) -> None:
-        """next_due_ms: the wait until the first delayed message, seen from the call's now."""
+        """next_due_ms: the wait until the first delayed message, seen from the call's now;
+        -2 while the queue is paused."""
+        if self.m.paused:
+            assert due_ms == -2
+            return
         if not self.m.delayed:
             assert due_ms == -1
             return
@@ -369,6 +386,8 @@ class QueueMachine(RuleBasedStateMachine):
             self.publish_one(raw, priority % (steps[-1] + 1), 0, None)
 
     def teardown(self) -> None:
+        for q in self.qs:
+            give_back_sent(q)
         if self.qs:
             self.client.delete(*self.qs[0].keys.all_keys())
 
@@ -444,8 +463,10 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.model is not None and self.m.levels[0])
     @rule(consumer=st.integers(0, 1))
     def blmove(self, consumer: int) -> None:
-        """A blocking claimer's BLMOVE (level 1 -> landing zone), lease not yet registered."""
+        """A blocking claimer's BLMOVE (level 1 -> landing zone), lease not yet registered;
+        while the queue is paused, one that was blocked since before the pause."""
         self.begin()
+        self.qs[consumer].paused_seen = False
         entry = self.client.execute_command(*self.qs[consumer].blmove_command(0.001))
         self.blmoved = True
         expected = self.m.blmove()
@@ -472,6 +493,19 @@ class QueueMachine(RuleBasedStateMachine):
         _, expected = self.m.lease(self.m.id_of(entry), count, self.last_rid(), tokens, due)
         self.check_due(due)
         self.took(c, got, expected)
+
+    @rule(consumer=st.integers(0, 1))
+    def pause(self, consumer: int) -> None:
+        """Claims stop (every later claim hands out nothing) until a resume."""
+        self.begin()
+        assert self.qs[consumer].pause() is (not self.m.paused)
+        self.m.paused = True
+
+    @rule(consumer=st.integers(0, 1))
+    def resume(self, consumer: int) -> None:
+        self.begin()
+        assert self.qs[consumer].resume() is self.m.paused
+        self.m.paused = False
 
     # -- settling ------------------------------------------------------------------------
 
@@ -725,6 +759,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.begin()
         self.held = [h for h in self.held if h.consumer != consumer]
         self.pending = [p for p in self.pending if p[0] != consumer]
+        give_back_sent(self.qs[consumer])
         self.qs[consumer] = self.consumer(consumer)
         self.clients[consumer] = ClientModel()
 
@@ -935,6 +970,8 @@ class QueueMachine(RuleBasedStateMachine):
             "delayed": len(m.delayed),
             "dead": len(m.dead),
         }
+        assert (stats.pop("paused"), "paused_since_ms" in stats) == (int(m.paused), m.paused)
+        stats.pop("paused_since_ms", None)
         assert stats == dict(+m.counters)
         self.check_dead_letters()
 

@@ -31,7 +31,8 @@ class Rule:
 
 
 RULES = [
-    Rule(r"^belayq (queues|stats|inspect|delayed|dead|history|watch|replay|purge) --url "
+    Rule(r"^belayq (queues|stats|inspect|delayed|dead|history|watch|replay|purge|pause|resume) "
+         r"--url "
          r"(\.\.\.|redis://)[^\[|]*$", run="cli"),
     Rule(r"^(uv run )?(python -m )?belayq( --help)?$", run="help"),
     Rule(r"^belayq (\w+ )?--(url URL|web)\b.*[[(]", by=("tests/core/test_cli_help.py", '"--help"')),
@@ -114,7 +115,7 @@ def test_the_documented_belayq_commands_run(url: str) -> None:
         assert "Traceback" not in out.stderr, (c, out.stderr)
         if argv[0] in ("queues", "stats", "inspect", "delayed", "dead", "watch"):
             assert out.returncode == 0 and out.stdout.strip(), (c, out.stdout, out.stderr)
-        else:  # replay, purge: "nothing matched" may be told apart; purge asks first
+        else:  # replay, purge, pause, resume: "nothing matched" may be told apart; purge asks
             confirm = out.returncode == 2 and "--yes" in out.stderr
             assert out.returncode in (0, 1) or confirm, (c, out.returncode, out.stderr)
         ran += 1

@@ -99,6 +99,9 @@ def valid_args(s: Setup, name: str) -> list[Any]:
         "promote": [10],
         "drop": [],
         "stats": [],
+        "pause": ["ops@host:12"],
+        "resume": [""],
+        "register": ["0a1b2c3d", "host-1", 4321, 1000],
     }[name]
 
 
@@ -145,7 +148,13 @@ SPECS: dict[str, tuple[list[Any], list[Any] | None, int]] = {
     "promote": ([1], None, 0),
     "drop": ([], None, 0),
     "stats": ([], None, 0),
+    "pause": (["by"], None, 0),
+    "resume": (["by"], None, 0),
+    "register": (["tag", "host", 1, 1], None, 0),
 }
+#: The values a text slot with a format of its own refuses.
+TEXT_BAD = {"by": ["x" * 201, "a\nb", "a\x00b"], "tag": ["", "xyz", "0" * 33, "0a 1b"],
+            "host": ["", "a b", "h" * 256, "a\tb"]}
 COMMON = [("skew", None), ("mode", None), 1, 1, "any", 1]
 
 
@@ -154,6 +163,8 @@ def bad_values(kind: Any, levels: int) -> list[Any]:
         return FLAG_BAD
     if kind == "text":
         return [""]
+    if isinstance(kind, str) and kind in TEXT_BAD:
+        return TEXT_BAD[kind]
     if kind == "any" or kind == ("skew", None):
         return [] if kind == "any" else ["x", "1.5", ""]
     if kind == ("mode", None):

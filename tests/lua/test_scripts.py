@@ -523,8 +523,10 @@ class TestAck:
         assert q.ack(d)
         assert meta(q, msg_id) is None and not q.client.hexists(q.keys.payloads, msg_id)
         assert lease_of(q, msg_id) is None
-        # Counters stay: the scripts' and the metrics' observations (the run time).
-        assert existing(q) <= {q.keys.stats, q.keys.observed, q.keys.memo, q.keys.memo_exp}
+        # Counters stay: the scripts' and the metrics' observations (the run time); the
+        # consumer's record (host, pid) is the queue's, not the message's.
+        assert existing(q) <= {q.keys.stats, q.keys.observed, q.keys.memo, q.keys.memo_exp,
+                               q.keys.consumers}
         assert q.stats()["acked"] == 1
 
     def test_inline_ack_removes_the_payload_copy(self, inline: ReliableQueue) -> None:

@@ -162,11 +162,15 @@ def test_the_core_runs_every_feature_as_its_acl_user(
         [d] = q.claim(1)
         assert q.release([d]) == 1 and q.defer([(q.claim(1)[0], 0)]) == 1
         assert q.purge() == 1 and q.stats()["in_flight"] == 0
+        assert q.pause() and q.claim(0) == [] and q.resume()
+        assert len(q.consumers()) == 1  # this process registered its host and pid
         events = []
         while (event := stream.get(timeout=0.5)) is not None:
             events.append(event.kind)
-    assert {"completed", "failed", "dead_lettered", "reclaimed"} <= set(events), events
+    assert {"completed", "failed", "dead_lettered", "reclaimed", "paused",
+            "resumed"} <= set(events), events
     assert [h.result for h in q.history("done")] == ["", "done"]
+    assert [h.outcome for h in q.history("control")] == ["resumed", "paused"]
     assert [h.reason for h in q.history("failed")] == ["malformed"]
     assert refusals(admin, "belayq-core") == []
     used = admin.info("commandstats")

@@ -6,6 +6,8 @@ POSTs). Every bad request is refused with a message and changes nothing."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 import urllib.error
 import urllib.request
@@ -61,6 +63,7 @@ def test_the_lists_and_counts_of_all_three_kinds(client: redis.Redis, served: An
         assert [r["payload"] for r in d["ready"]] == ["second", "third"]  # claim order
         [row] = d["in_flight"]
         assert row["id"] == held.id and 0 < row["lease_left_s"] <= 60 and not row["hung"]
+        assert row["held_by"] == f"{socket.gethostname()}:{os.getpid()}"
         status, d = call(f"{base}/api/queue/kombu/celery")
         assert [r["task"] for r in d["ready"]] == ["proj.add"]
         status, d = call(f"{base}/api/queue/rq/default")

@@ -18,7 +18,7 @@ from .errors import (
 )
 from .events import Event, EventStream
 from .keys import SCHEMA_VERSION, QueueKeys
-from .models import DeadLetter, Delivery, HistoryRecord, Published, SweepResult
+from .models import DeadLetter, Delivery, HistoryRecord, Lease, Published, SweepResult
 from .queue import ReliableQueue
 from .sharded import ShardedQueue
 
@@ -35,6 +35,7 @@ __all__ = [
     "EventStream",
     "EvictionRiskWarning",
     "HistoryRecord",
+    "Lease",
     "NotPermitted",
     "OutOfMemory",
     "Published",

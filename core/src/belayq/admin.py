@@ -1,8 +1,10 @@
-"""Inspection and administration of a queue: stats, dead letters, replay, purge, drop."""
+"""Inspection and administration of a queue: stats, claims in flight and their holders,
+dead letters, history, replay, purge, pause and resume, drop."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -12,8 +14,9 @@ from .config import QueueConfig
 from .constants import BELL_SCAN, PURGE_BATCH
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
+from .holders import Holder, host_name, parse_consumers, tag_of
 from .keys import QueueKeys
-from .models import DeadLetter, HistoryRecord
+from .models import DeadLetter, HistoryRecord, Lease
 from .models import text as _text
 from .publishing import published_ms
 from .registry import Registry
@@ -53,9 +56,12 @@ def stats_of(r: Any) -> dict[str, int]:
     names = ("ready", "in_flight", "landing", "delayed", "dead")
     out = dict(zip(names, map(int, r[:5]), strict=True))
     out["leased"] = out["in_flight"]
+    out["paused"] = 0
     for i in range(5, len(r), 2):
         name = _text(r[i])
-        if name != "schema":
+        if name == "paused":
+            out["paused"], out["paused_since_ms"] = 1, int(r[i + 1])
+        elif name != "schema":
             out[name] = int(r[i + 1])
     return out
 
@@ -100,9 +106,105 @@ class QueueAdmin:
 
         ``ready``, ``in_flight`` (leases held, provisional ones included; also under its
         schema-1 name ``leased``), ``landing`` (entries between BLMOVE and their lease),
-        ``delayed``, ``dead``, then the counters (``published``, ``claimed``, ``acked``...).
+        ``delayed``, ``dead``, ``paused`` (1 while claims are paused, else 0; with
+        ``paused_since_ms`` then, on the server's clock), then the counters
+        (``published``, ``claimed``, ``acked``...).
         """
         return stats_of(self._scripts.run("stats"))
+
+    @_redis_errors
+    def pause(self, by: str | None = None) -> bool:
+        """Pause the queue's claims: from now on no consumer is handed a message (by any
+        claim, blocking or not, of any process), until :meth:`resume`. Publishing goes on,
+        and so do the claims already held: their holders extend, ack, nack and release
+        them as usual. An expired lease still goes back to ready, where it waits. Recorded
+        in the stats (``paused``), the control history (``history_max``) and the events.
+
+        Args:
+            by: Who pauses it, for the record (default: this host and pid).
+
+        Returns:
+            True when paused now, False when it was paused already.
+
+        Raises:
+            ConfigError: A ``by`` longer than 200 bytes or holding a control character.
+        """
+        return bool(int(self._scripts.run("pause", self._by(by))))
+
+    @_redis_errors
+    def resume(self, by: str | None = None) -> bool:
+        """Resume the claims :meth:`pause` paused: consumers waiting on the queue wake at
+        once and claim as usual.
+
+        Args:
+            by: Who resumes it, for the record (default: this host and pid).
+
+        Returns:
+            True when resumed now, False when it was not paused.
+
+        Raises:
+            ConfigError: As :meth:`pause`.
+        """
+        return bool(int(self._scripts.run("resume", self._by(by))))
+
+    @staticmethod
+    def _by(by: str | None) -> str:
+        if by is None:
+            return f"{host_name()[:150]}:{os.getpid()}"
+        if not isinstance(by, str):
+            raise ConfigError(f"by must be a str or None, got {by!r}")
+        return by
+
+    @_redis_errors
+    def in_flight(self, limit: int = 100) -> list[Lease]:
+        """The claims held now, the soonest to expire first (up to ``limit``), each with
+        its holder's host and pid when the holder registered them (see
+        :mod:`belayq.holders`).
+
+        Raises:
+            ConfigError: A ``limit`` that is not an int >= 1.
+        """
+        check_int("limit", limit, minimum=1)
+        rows = self.client.zrange(self.keys.leases, 0, limit - 1, withscores=True)
+        ids = [_text(i) for i, _ in rows]
+        if not ids:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hmget(self.keys.meta, ids)
+        pipe.zrange(self.keys.consumers, 0, -1, withscores=True)
+        metas, consumers = pipe.execute()
+        holders = parse_consumers(consumers)
+        out = []
+        for (msg_id, (_, deadline)), packed in zip(zip(ids, rows, strict=True), metas,
+                                                   strict=True):
+            m = parse_meta(packed) or {}
+            token = str(m.get("token", ""))
+            tag = tag_of(token)
+            holder = holders.get(tag) if tag else None
+            out.append(Lease(
+                id=msg_id, deadline_ms=int(deadline), deliveries=int(m.get("deliveries", 0)),
+                attempts=int(m.get("attempts", 0)), started=bool(m.get("started", False)),
+                provisional=token == "0", token=token,
+                host=holder.host if holder else "", pid=holder.pid if holder else 0,
+            ))  # fmt: skip
+        return out
+
+    @_redis_errors
+    def holders(self, limit: int = 10_000) -> dict[str, int]:
+        """How many leases each consumer holds, as ``"host:pid"`` -> count, over the
+        ``limit`` soonest to expire; claims whose holder is unknown (made before it
+        registered, provisional leases) count under ``""``."""
+        out: dict[str, int] = {}
+        for lease in self.in_flight(limit):
+            key = lease.holder
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    @_redis_errors
+    def consumers(self) -> dict[str, Holder]:
+        """The consumer processes registered with the queue, by tag, newest first."""
+        rows = self.client.zrevrange(self.keys.consumers, 0, -1, withscores=True)
+        return parse_consumers(rows)
 
     @_redis_errors
     def ready_by_level(self) -> list[int]:
@@ -144,9 +246,13 @@ class QueueAdmin:
     @_redis_errors
     def history(self, outcome: str = "done", limit: int = 50) -> list[HistoryRecord]:
         """The newest ``limit`` messages acked (``"done"``) or dead-lettered (``"failed"``),
-        when the queue keeps a history (``history_max``); ``[]`` otherwise."""
-        if outcome not in ("done", "failed"):
-            raise ConfigError(f"outcome must be 'done' or 'failed', got {outcome!r}")
+        or the newest pauses and resumes (``"control"``: each with outcome ``"paused"`` or
+        ``"resumed"``, who did it in ``reason`` and when in ``finished_ms``), when the queue
+        keeps a history (``history_max``); ``[]`` otherwise."""
+        if outcome not in ("done", "failed", "control"):
+            raise ConfigError(f"outcome must be 'done', 'failed' or 'control', got {outcome!r}")
+        if outcome == "control":
+            return self._control_history(limit)
         key = self.keys.history_done if outcome == "done" else self.keys.history_failed
         out = []
         for raw in self.client.lrange(key, 0, max(0, limit - 1)):
@@ -158,6 +264,17 @@ class QueueAdmin:
                 attempts=int(h["attempts"]),
                 published_ms=int(h["published_ms"]) or published_ms(str(h["id"])),
                 finished_ms=int(h["finished_ms"]), payload=payload,
+            ))  # fmt: skip
+        return out
+
+    def _control_history(self, limit: int) -> list[HistoryRecord]:
+        out = []
+        for raw in self.client.lrange(self.keys.history_control, 0, max(0, limit - 1)):
+            h = json.loads(raw)
+            out.append(HistoryRecord(
+                id="", outcome=str(h["action"]), result="", reason=str(h.get("by", "")),
+                deliveries=0, attempts=0, published_ms=0, finished_ms=int(h["at_ms"]),
+                payload=b"",
             ))  # fmt: skip
         return out
 

@@ -13,6 +13,24 @@ CLAIM_NONCE_BYTES = 8
 answers a re-sent claim with it): 64 bits, so two calls within the reply window never
 share one."""
 
+PAUSED_DUE_MS = -2
+"""The ``next_due_ms`` a claim script answers while its queue is paused
+(lua/includes/claiming.lua): nothing was claimed, and the claimer waits on the queue's
+unpaused list instead of its ready list until a resume rings the bell there."""
+
+HOLDER_REFRESH_S = 60.0
+"""How often a consumer registers its host and pid again (s, on its next claim): its record
+stays among the newest :data:`CONSUMERS_KEPT`, and a record lost with a server comes back."""
+
+CONSUMERS_KEPT = 1000
+"""Most consumer records (host, pid) a queue keeps, newest first: a fleet that restarts
+its processes often leaves the older records behind, and a lease whose holder's record was
+dropped shows no host and pid."""
+
+HOLDER_RETRY_S = 5.0
+"""How long a consumer whose registration failed (a full server, an ACL without the
+commands) waits before trying again (s); its claims go on meanwhile."""
+
 BLOCK_ROUND_MAX_S = 4.0
 """Longest single BLMOVE wait of :meth:`~belayq.ReliableQueue.claim` (s): a waiting claim
 looks at due delayed messages and at a closed queue at least this often."""

@@ -11,14 +11,26 @@ from typing import Any
 
 from .config import QueueConfig
 from .config import check_count as _check_count
-from .constants import CLAIM_NONCE_BYTES, CLUSTER_RETRY_FIRST_PAUSE_S, WAIT_FOREVER_ROUND_S
+from .constants import (
+    CLAIM_NONCE_BYTES,
+    CLUSTER_RETRY_FIRST_PAUSE_S,
+    CONSUMERS_KEPT,
+    HOLDER_REFRESH_S,
+    HOLDER_RETRY_S,
+    PAUSED_DUE_MS,
+    WAIT_FOREVER_ROUND_S,
+)
 from .errors import (
+    CLIENT_ERROR,
     CONNECTION_ERROR,
     OUT_OF_MEMORY,
     RESPONSE_ERROR,
+    BelayqError,
+    Errors,
     client_errors,
 )
 from .errors import redis_errors as _redis_errors
+from .holders import host_name, process_tag
 from .keeper import KEEPER
 from .keys import QueueKeys
 from .models import Delivery
@@ -26,6 +38,9 @@ from .scripts import Arg, ScriptRunner
 from .settling import Settling
 
 log = logging.getLogger("belayq")
+
+#: What a consumer's registration may meet: it is then tried again later.
+_NOT_REGISTERED: Errors = (*CLIENT_ERROR, BelayqError)
 
 # Error replies a blocked BLMOVE gets when its node stops serving the slot.
 _FAILOVER_REPLIES = ("UNBLOCKED", "MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN", "READONLY")
@@ -52,18 +67,52 @@ class Consuming(Settling):
     _use_keeper: bool
     _block_cap_s: float
 
+    #: The last claim found the queue paused: blocking claims wait on its unpaused list
+    #: (see :meth:`blmove_command`) until a claim finds it resumed.
+    paused_seen: bool = False
+    #: (pid, monotonic s) of this process's last registration as a consumer of the queue.
+    _registered: tuple[int, float] | None = None
+
     def _claim_args(self, count: int) -> list[Arg]:
-        """The claim scripts' arguments; the random nonce (ARGV[11]) is also the call's
-        request id."""
+        """The claim scripts' arguments; the nonce (ARGV[11]: the consumer's tag, a dot and
+        random bits) is also the call's request id."""
         c = self.config
         return [
             c.lease_ms,
             count,
             c.floor_every,
             c.sweep_limit,
-            os.urandom(CLAIM_NONCE_BYTES).hex(),
+            f"{process_tag()}.{os.urandom(CLAIM_NONCE_BYTES).hex()}",
             "1" if c.claim_starts else "0",
         ]
+
+    def _claimed(self, flat: Sequence[Any]) -> list[Delivery]:
+        """The deliveries of a claim reply; after one that claimed something, this process
+        registers as a consumer of the queue (its host and pid: lua/register.lua) when it
+        has not for :data:`HOLDER_REFRESH_S`, so that its leases tell who holds them. A
+        claim that got nothing writes nothing, a transient queue keeps no record (it leaves
+        no key once its messages are settled), and a registration that fails (a full
+        server, an ACL without its commands) is tried again later: claims never wait on
+        it."""
+        got = self._take(flat)
+        if not got or self.config.transient:  # a transient queue leaves nothing behind
+            return got
+        pid, now = os.getpid(), time.monotonic()
+        last = self._registered
+        if last is not None and last[0] == pid and now < last[1]:
+            return got
+        try:
+            self._scripts.run("register", process_tag(), host_name(), pid, CONSUMERS_KEPT)
+            self._registered = (pid, now + HOLDER_REFRESH_S)
+        except _NOT_REGISTERED as exc:
+            log.debug("consumer of %s not registered (tried again later): %s", self.name, exc)
+            self._registered = (pid, now + HOLDER_RETRY_S)
+        return got
+
+    def _noted(self, due_ms: int) -> int:
+        """Note whether a claim reply (its ``next_due_ms``) found the queue paused."""
+        self.paused_seen = due_ms == PAUSED_DUE_MS
+        return due_ms
 
     @_redis_errors
     def claim(self, timeout: float | None = 1.0, count: int = 1) -> list[Delivery]:
@@ -78,6 +127,12 @@ class Consuming(Settling):
             timeout: Seconds to wait; 0 = do not wait; None = wait until a message comes.
             count: Most messages to claim (prefetch).
 
+        While the queue is paused this claims nothing: it waits on the queue's unpaused
+        list (see :meth:`blmove_command`) and claims as soon as a resume wakes it. A claim
+        already blocked when the pause comes takes the next message published, whose lease
+        script finds the queue paused and hands it back to the head of the ready list,
+        uncounted; the claim then waits on the unpaused list.
+
         Returns:
             The deliveries, ``[]`` on timeout.
         """
@@ -90,7 +145,7 @@ class Consuming(Settling):
             wait = min(remaining, self._block_cap_s)
             if due_ms >= 0:
                 wait = min(wait, max(due_ms, 1) / 1000)
-            entry = self._blmove(wait)
+            entry = self._blmove(wait)  # while paused, on the unpaused list
             if entry is None:
                 got, due_ms = self.try_claim(count)
             else:
@@ -136,7 +191,8 @@ class Consuming(Settling):
                 error (a consumer of several queues serves the others meanwhile).
 
         Returns:
-            The deliveries and the ms until the next delayed message is due (-1: none).
+            The deliveries and the ms until the next delayed message is due (-1: none; -2:
+            the queue is paused: nothing is claimed until it is resumed).
 
         Raises:
             redis.ConnectionError, redis.TimeoutError: untranslated, unlike the rest of the
@@ -148,7 +204,7 @@ class Consuming(Settling):
         args = self._claim_args(count)
         run = self._scripts.run if patient else self._scripts.run_once
         reply = run("claim", *args, request_id=str(args[4]))
-        return self._take(reply[1:]), int(reply[0])
+        return self._claimed(reply[1:]), self._noted(int(reply[0]))
 
     def claim_command(
         self, count: int
@@ -167,7 +223,7 @@ class Consuming(Settling):
 
         def claimed(reply: Any) -> tuple[list[Delivery], int]:
             reply = self._scripts.answer("claim", args, reply)
-            return self._take(reply[1:]), int(reply[0])
+            return self._claimed(reply[1:]), self._noted(int(reply[0]))
 
         return self._scripts.command("claim", *args), claimed
 
@@ -176,7 +232,15 @@ class Consuming(Settling):
 
         Whatever it returns must be passed to :meth:`lease_claimed`; until then the entry
         sits in the landing zone with no lease, and a sweep returns it if the caller dies.
+
+        When the last claim found the queue paused, the BLMOVE waits on the queue's
+        unpaused list instead, moving it onto itself: a resume rings the bell there, which
+        wakes every consumer waiting so, and each passes the bell to
+        :meth:`lease_claimed`, which claims as usual (or finds the queue paused again).
         """
+        if self.paused_seen:
+            unpaused = self.keys.unpaused
+            return ("BLMOVE", unpaused, unpaused, "LEFT", "RIGHT", max(timeout, 0.001))
         if not self.config.bell and len(self.keys.levels) > 1:
             timeout = min(timeout, self.config.sweep_interval_ms / 1000)  # no bell wakes it
         return (
@@ -206,7 +270,7 @@ class Consuming(Settling):
         args = self._claim_args(count)
         run = self._scripts.run if patient else self._scripts.run_once
         reply = run("lease", *args, entry, request_id=str(args[4]))
-        return self._take(reply[2:]), int(reply[0])
+        return self._claimed(reply[2:]), self._noted(int(reply[0]))
 
     def _keep(self) -> None:
         # A consumer sweeps from its first claim on, so lease-less entries of a consumer
@@ -236,7 +300,8 @@ class Consuming(Settling):
                 ("ack", self._ack_args(deliveries), ""),
                 ("claim", args, str(args[4])),
             )
+        self._noted(int(claimed[0]))
         done = [bool(int(x)) for x in acked]
         self._observe_acked(deliveries, done)
-        return done, self._take(claimed[1:])
+        return done, self._claimed(claimed[1:])
 

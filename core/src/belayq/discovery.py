@@ -36,7 +36,7 @@ from .keys import (
 )
 from .models import text as _text
 from .queue import ReliableQueue
-from .registry import QueueRecord, Registry
+from .registry import KEPT_FIELDS, QueueRecord, Registry
 from .sharded import AnyQueue, ShardedQueue, recorded_shards
 
 #: The kinds every belayq knows how to lay out without a record.
@@ -129,16 +129,23 @@ def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq") -> 
     return hits[0]
 
 
-def open_found(client: Any, found: Found, prefix: str = "belayq") -> AnyQueue:
+def open_found(
+    client: Any, found: Found, prefix: str = "belayq", *, keeping: bool = False
+) -> AnyQueue:
     """The queue, opened as recorded, without a lease keeper and writing nothing (tools
     claim nothing). A queue without a record is opened with its framework's layout and
-    belayq's default limits: show it, purge it, never sweep it (see :attr:`Found.recorded`)."""
+    belayq's default limits: show it, purge it, never sweep it (see :attr:`Found.recorded`).
+    With ``keeping``, also with what its processes keep beside its messages, as recorded
+    (the history, the events): for a tool whose action the queue records (a pause)."""
     rec = found.record
     if rec is None:
         options = layout_of(found.kind, found.name, prefix)
         shards = recorded_shards(client, found.name, prefix) if found.kind == "belayq" else 1
     else:
         options = rec.options()
+        if keeping:
+            options.update({f: getattr(rec, f) for f in KEPT_FIELDS
+                            if getattr(rec, f) is not None})
         if rec.ready_key is None:
             options["prefix"] = prefix
         shards = rec.shards

@@ -66,6 +66,12 @@ class QueueKeys:
             runs the framework reported failed... (:mod:`belayq.observing`).
         holders: Sorted set consumer -> the time of its last lease keeper beat while it held
             leases (ms, the consumer's clock), for the metrics (:mod:`belayq.observing`).
+        history_control: List of the last pauses and resumes, newest first.
+        unpaused: List that holds the bell from a resume until the next pause: consumers
+            that found the queue paused block on it (BLMOVE onto itself, so one bell wakes
+            every one of them), instead of on the ready list.
+        consumers: Sorted set ``"<tag> <host> <pid>"`` -> registered at (ms): the consumer
+            processes whose claims' tokens start with ``<tag>.``, newest first.
     """
 
     levels: tuple[str, ...]
@@ -82,6 +88,9 @@ class QueueKeys:
     history_failed: str
     observed: str
     holders: str
+    history_control: str
+    unpaused: str
+    consumers: str
 
     @classmethod
     def build(
@@ -138,6 +147,9 @@ class QueueKeys:
             history_failed=f"{base}history:failed",
             observed=f"{base}observed",
             holders=f"{base}holders",
+            history_control=f"{base}history:control",
+            unpaused=f"{base}unpaused",
+            consumers=f"{base}consumers",
         )
 
     @property

@@ -149,6 +149,7 @@ def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], Any]]:
         yield "ready", [*labels, str(step)], float(count)
     for name in ("in_flight", "delayed", "dead"):
         yield name, labels, float(stats[name])
+    yield "paused", labels, float(stats.get("paused", 0))
     ages_of = [("oldest_ready_age_seconds", oldest_ready_age_s)]
     if q.limits_known:
         ages_of.append(("oldest_lease_age_seconds", oldest_lease_age_s))
@@ -207,6 +208,7 @@ class QueueCollector:
                 ("in_flight", "Messages claimed and not settled (leases held)"),
                 ("delayed", "Messages waiting for their due time"),
                 ("dead", "Messages in the dead-letter set"),
+                ("paused", "1 while the queue's claims are paused, else 0"),
                 ("oldest_ready_age_seconds", "Age of the oldest waiting message"),
                 ("oldest_lease_age_seconds",
                  "Time since the least recently renewed lease was renewed"),

@@ -124,6 +124,39 @@ class HistoryRecord:
 
 
 @dataclass(frozen=True)
+class Lease:
+    """A claim held now (:meth:`~belayq.ReliableQueue.in_flight`).
+
+    Attributes:
+        id: The message id.
+        deadline_ms: When its lease runs out (ms, server clock).
+        deliveries: How many times it has been claimed.
+        attempts: How many of those runs started.
+        started: Whether its holder started this run.
+        provisional: A lease the sweep gave an entry whose claimer has not leased it yet.
+        token: The claim's fencing token.
+        host: The holder's host name; ``""`` when unknown (the claim was made before its
+            consumer registered, the record was dropped, or the lease is provisional).
+        pid: The holder's process id; 0 when unknown.
+    """
+
+    id: str
+    deadline_ms: int
+    deliveries: int
+    attempts: int
+    started: bool
+    provisional: bool
+    token: str
+    host: str
+    pid: int
+
+    @property
+    def holder(self) -> str:
+        """``"host:pid"``, or ``""`` when the holder is unknown."""
+        return f"{self.host}:{self.pid}" if self.host else ""
+
+
+@dataclass(frozen=True)
 class SweepResult:
     """What one sweep did.
 

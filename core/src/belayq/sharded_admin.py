@@ -11,12 +11,12 @@ from .config import QueueConfig
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys
-from .models import DeadLetter, HistoryRecord
+from .models import DeadLetter, HistoryRecord, Lease
 from .queue import ReliableQueue
 from .registry import Registry
 
 #: Stats that are neither sizes nor counters (not summed over the shards).
-_NOT_SUMMED = ("schema",)
+_NOT_SUMMED = ("schema", "paused", "paused_since_ms")
 
 
 class ShardedAdmin:
@@ -34,13 +34,45 @@ class ShardedAdmin:
 
     def stats(self) -> dict[str, int]:
         """The logical queue's sizes and counters: each summed over the shards (see
-        :meth:`ReliableQueue.stats`), and ``shards``, the shard count."""
+        :meth:`ReliableQueue.stats`), ``shards``, the shard count, and ``paused``: 1 when
+        any shard is paused (``paused_since_ms``: the earliest)."""
         out: dict[str, int] = {}
-        for s in self.shard_stats().values():
+        every = self.shard_stats().values()
+        for s in every:
             for name, value in s.items():
                 if name not in _NOT_SUMMED:
                     out[name] = out.get(name, 0) + value
         out["shards"] = len(self.shards)
+        paused = [s.get("paused_since_ms") for s in every]
+        out["paused"] = int(any(p is not None for p in paused))
+        since = [p for p in paused if p is not None]
+        if since:
+            out["paused_since_ms"] = min(since)
+        return out
+
+    def pause(self, by: str | None = None) -> bool:
+        """Pause the claims of every shard (see :meth:`ReliableQueue.pause`); True when
+        any shard was not paused yet."""
+        return any([q.pause(by) for q in self.shards])
+
+    def resume(self, by: str | None = None) -> bool:
+        """Resume the claims of every shard (see :meth:`ReliableQueue.resume`); True when
+        any shard was paused."""
+        return any([q.resume(by) for q in self.shards])
+
+    def in_flight(self, limit: int = 100) -> list[Lease]:
+        """The claims held in every shard, the soonest to expire first (see
+        :meth:`ReliableQueue.in_flight`)."""
+        every = [lease for q in self.shards for lease in q.in_flight(limit)]
+        return sorted(every, key=lambda lease: lease.deadline_ms)[:limit]
+
+    def holders(self, limit: int = 10_000) -> dict[str, int]:
+        """How many leases each consumer holds over every shard (see
+        :meth:`ReliableQueue.holders`)."""
+        out: dict[str, int] = {}
+        for q in self.shards:
+            for holder, n in q.holders(limit).items():
+                out[holder] = out.get(holder, 0) + n
         return out
 
     def ready_by_level(self) -> list[int]:

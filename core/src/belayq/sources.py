@@ -61,6 +61,9 @@ SCRIPT_NAMES = (
     "promote",
     "drop",
     "stats",
+    "pause",
+    "resume",
+    "register",
 )
 def _lua_dir() -> Any:
     return resources.files("belayq") / "lua"

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -65,9 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return INTERRUPTED
 
 
-def _queue(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
+def _queue(
+    client: redis.Redis, args: argparse.Namespace, *, keeping: bool = False
+) -> tuple[Found, AnyQueue]:
     found = find(client, args.queue, args.kind, prefix=args.prefix)
-    return found, open_found(client, found, prefix=args.prefix)
+    return found, open_found(client, found, prefix=args.prefix, keeping=keeping)
 
 
 def _say(args: argparse.Namespace, *lines: str | None) -> None:
@@ -151,8 +154,8 @@ def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
 def cmd_inspect(client: redis.Redis, args: argparse.Namespace) -> int:
     _, q = _queue(client, args)
     _emit(args, views.in_flight(q, args.limit),
-          ("id", "lease_left_s", "deliveries", "attempts", "started", "task", "task_id",
-           "payload"), f"no message of {q.name} is claimed now")
+          ("id", "lease_left_s", "deliveries", "attempts", "started", "held_by", "task",
+           "task_id", "payload"), f"no message of {q.name} is claimed now")
     return DONE
 
 
@@ -176,6 +179,17 @@ def cmd_dead(client: redis.Redis, args: argparse.Namespace) -> int:
 
 def cmd_history(client: redis.Redis, args: argparse.Namespace) -> int:
     found, q = _queue(client, args)
+    if args.control:
+        control = q.history("control", args.limit)
+        rows: list[dict[str, Any]] = [
+            {"action": h.outcome, "by": h.reason, "at_ms": h.finished_ms} for h in control]
+        if not args.json:
+            rows = [{**r, "at": views.when(h.finished_ms)} for r, h in
+                    zip(rows, control, strict=True)]
+        _emit(args, rows, ("action", "by", "at"),
+              f"no pause or resume in the history of {q.name}",
+              views.history_note(found, len(rows)))
+        return DONE
     outcome = "failed" if args.failed else "done"
     rows = [{"id": h.id, "result": h.result, "reason": h.reason, "deliveries": h.deliveries,
              "attempts": h.attempts, "finished_ms": h.finished_ms, **views.describe(h.payload)}
@@ -303,6 +317,39 @@ def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
     return DONE
 
 
+def cmd_pause(client: redis.Redis, args: argparse.Namespace) -> int:
+    found, q = _queue(client, args, keeping=True)  # recorded in its history, as its own are
+    changed = q.pause(_by())
+    if args.json:
+        print(json.dumps({"queue": q.name, "kind": found.kind, "paused": True,
+                          "changed": changed}))
+    elif changed:
+        print(f"paused {q.name}: its consumers are handed nothing until `belayq resume`; "
+              "publishing goes on, and the claims held now are extended and settled as usual")
+    else:
+        print(f"{q.name} was paused already: nothing changed")
+    return DONE
+
+
+def cmd_resume(client: redis.Redis, args: argparse.Namespace) -> int:
+    found, q = _queue(client, args, keeping=True)
+    changed = q.resume(_by())
+    if args.json:
+        print(json.dumps({"queue": q.name, "kind": found.kind, "paused": False,
+                          "changed": changed}))
+    elif changed:
+        print(f"resumed {q.name}: its consumers claim again")
+    else:
+        print(f"{q.name} was not paused: nothing changed")
+    return DONE
+
+
+def _by() -> str:
+    """Who pauses or resumes, for the queue's record: the user, host and pid of this CLI."""
+    user = "".join(c for c in os.environ.get("USER", "") if c.isprintable())[:40]
+    return (f"{user}@" if user else "") + f"{socket.gethostname()[:100]}:{os.getpid()} (cli)"
+
+
 def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
     shown = 0
     while True:
@@ -360,6 +407,7 @@ def cmd_upgrade(client: redis.Redis, args: argparse.Namespace) -> int:
 COMMANDS: dict[str, Callable[[redis.Redis, argparse.Namespace], int]] = {
     "queues": cmd_queues, "stats": cmd_stats, "inspect": cmd_inspect,
     "delayed": cmd_delayed, "dead": cmd_dead, "history": cmd_history, "replay": cmd_replay,
-    "purge": cmd_purge, "drop": cmd_drop, "watch": cmd_watch, "exporter": cmd_exporter,
+    "purge": cmd_purge, "drop": cmd_drop, "pause": cmd_pause, "resume": cmd_resume,
+    "watch": cmd_watch, "exporter": cmd_exporter,
     "upgrade": cmd_upgrade, "dashboard": cmd_dashboard,
 }  # fmt: skip

@@ -88,8 +88,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "inspect": (
         "list the claimed messages: lease time left, deliveries, runs",
         "The messages consumers hold now, the soonest to lose its lease first: the lease\n"
-        "time left (s), deliveries, runs (attempts), whether the consumer started it, and\n"
-        "what the payload says (a Celery task's name and id, else its first bytes).",
+        "time left (s), deliveries, runs (attempts), whether the consumer started it, the\n"
+        "consumer that holds it (held_by: host:pid), and what the payload says (a Celery\n"
+        "task's name and id, else its first bytes).",
         "belayq inspect --url redis://localhost:6379/0 emails --limit 20",
     ),
     "delayed": (
@@ -107,10 +108,12 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "history": (
         "list the last finished messages (a queue that keeps a history)",
         "The last messages acked (with the result the consumer gave), or with --failed the\n"
-        "last dead-lettered (with the reason), newest first. Only a queue whose consumers\n"
-        "keep a history (history_max) has one; the command says when it is off.",
+        "last dead-lettered (with the reason), or with --control the last pauses and\n"
+        "resumes (who and when), newest first. Only a queue whose consumers keep a history\n"
+        "(history_max) has one; the command says when it is off.",
         "belayq history --url redis://localhost:6379/0 emails\n"
-        "belayq history --url redis://localhost:6379/0 emails --failed",
+        "belayq history --url redis://localhost:6379/0 emails --failed\n"
+        "belayq history --url redis://localhost:6379/0 emails --control",
     ),
     "replay": (
         "put dead letters back on the ready list with fresh counts",
@@ -138,6 +141,23 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "claimed: shut its consumers down first. Asks for the queue's name first, unless\n"
         "--yes.",
         "belayq drop --url redis://localhost:6379/0 old-emails --yes",
+    ),
+    "pause": (
+        "pause a queue's claims: its consumers are handed nothing until resumed",
+        "From now on no consumer of QUEUE is handed a message, whatever its framework (Celery,\n"
+        "RQ, belayq's own) and however it claims. Publishing goes on, and the messages held\n"
+        "now stay held: their consumers extend, ack and retry them as usual, and a lease that\n"
+        "runs out puts its message back in the ready list, where it waits. `belayq stats`\n"
+        "shows `paused`; the queue's history (history_max) records who paused it and when.\n"
+        "A queue paused already is left as it is (exit status 0).",
+        "belayq pause --url redis://localhost:6379/0 emails\n"
+        "belayq pause --url redis://localhost:6379/0 celery --kind kombu",
+    ),
+    "resume": (
+        "resume a queue's claims that `belayq pause` paused",
+        "Consumers waiting on QUEUE wake at once and claim what is waiting, blocked ones\n"
+        "included. A queue that is not paused is left as it is (exit status 0).",
+        "belayq resume --url redis://localhost:6379/0 emails",
     ),
     "watch": (
         "show the queue table again every few seconds",
@@ -182,7 +202,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 
 #: Commands that act on one queue, named as an argument.
 ONE_QUEUE = ("stats", "inspect", "delayed", "dead", "history", "replay", "purge", "drop",
-             "upgrade")
+             "pause", "resume", "upgrade")
 #: Commands that take any number of queues (none: every queue found).
 MANY_QUEUES = ("watch", "exporter", "dashboard")
 
@@ -293,9 +313,12 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
 
 
 def _history(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--failed", action="store_true",
-                   help="the last dead-lettered messages, with their reasons, rather than the "
-                   "last acked")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--failed", action="store_true",
+                       help="the last dead-lettered messages, with their reasons, rather than "
+                       "the last acked")
+    which.add_argument("--control", action="store_true",
+                       help="the last pauses and resumes: who and when")
 
 
 def _replay(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import zip_longest
 from typing import Any
 
-from ..admin import BELL, parse_meta
+from ..admin import BELL
 from ..discovery import Found
 from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import tools_for
@@ -45,29 +45,23 @@ def describe(payload: bytes | None) -> dict[str, Any]:
 
 
 def in_flight(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
-    """The claims held, soonest to expire first: lease time left, deliveries, runs, and
-    what the payload says (the holder, where it tells); over every shard of a sharded
-    queue."""
+    """The claims held, soonest to expire first: lease time left, deliveries, runs, the
+    consumer that holds each (``host:pid``, when it registered) and what the payload says;
+    over every shard of a sharded queue."""
     rows = [row for p in parts_of(q) for row in _in_flight(p, limit)]
     return sorted(rows, key=lambda row: float(row["lease_left_s"]))[:limit]
 
 
 def _in_flight(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
     now = server_ms(q)
-    rows = q.client.zrange(q.keys.leases, 0, limit - 1, withscores=True)
-    ids = [_text(i) for i, _ in rows]
-    metas = q.client.hmget(q.keys.meta, ids) if ids else []
+    leases = q.in_flight(limit)
+    ids = [lease.id for lease in leases]
     payloads = q.client.hmget(q.keys.payloads, ids) if ids else []
-    out = []
-    for (raw_id, deadline), packed, payload in zip(rows, metas, payloads, strict=True):
-        m = parse_meta(packed) or {}
-        out.append({
-            "id": _text(raw_id), "lease_left_s": round((deadline - now) / 1000, 1),
-            "deliveries": m.get("deliveries"), "attempts": m.get("attempts"),
-            "started": m.get("started"), "provisional": m.get("token") == "0",
-            **describe(payload),
-        })  # fmt: skip
-    return out
+    return [{
+        "id": lease.id, "lease_left_s": round((lease.deadline_ms - now) / 1000, 1),
+        "deliveries": lease.deliveries, "attempts": lease.attempts, "started": lease.started,
+        "provisional": lease.provisional, "held_by": lease.holder, **describe(payload),
+    } for lease, payload in zip(leases, payloads, strict=True)]  # fmt: skip
 
 
 def ready(q: AnyQueue, limit: int) -> list[dict[str, Any]]:

@@ -23,7 +23,9 @@
 -- ARGV[11] nonce        random bits of the client: the claims' tokens start with it
 -- ARGV[12] starts       '1': each claim counts as a started attempt now
 -- Returns {next_due_ms, id1, payload1, token1, deliveries1, attempts1, id2, ...};
--- next_due_ms is the wait until the next delayed message is due, or -1 when none is.
+-- next_due_ms is the wait until the next delayed message is due, or -1 when none is; -2
+-- when the queue is paused (pause.lua): then nothing is claimed, while the recovery steps
+-- still run (expired leases go back to ready, where they wait for the resume).
 -- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain:
 -- each claim leads to an ack that frees its message)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
@@ -40,7 +42,12 @@ local now = now_ms()
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return replay_claim(k, earlier, 1, a.starts) end
 
+local paused = is_paused(k)
 local out = {recover_bounded(k, now, a.sweep_limit, a.lease_ms)}
-claim_ready(k, a.want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out)
+if paused then
+  out[1] = PAUSED
+else
+  claim_ready(k, a.want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out)
+end
 fix_door(k.levels)
 return remember_claim(k, out, 1, a.nonce, now)

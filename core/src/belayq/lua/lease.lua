@@ -10,6 +10,11 @@
 -- ARGV[1..6]          see includes/context.lua
 -- ARGV[7..12]         as claim.lua
 -- ARGV[13] entry      the element BLMOVE returned
+-- A paused queue (pause.lua) leases nothing: the entry goes back to the head of the first
+-- ready list uncounted (no delivery, no claim), and next_due_ms is -2, which tells the
+-- claimer to wait on the queue's unpaused list instead of its ready list (a BLMOVE the
+-- pause found blocked takes the next message published, and hands it back here).
+--
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, attempts1, ...}; lost is
 -- 1 when the BLMOVE-d entry could not be leased (swept back, or its id already in flight).
 -- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain)
@@ -30,13 +35,17 @@ local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return replay_claim(k, earlier, 2, a.starts) end
 
 -- The entry is taken first (it may be the oldest landing entry), then the bounded
--- recovery runs as in claim.lua.
+-- recovery runs as in claim.lua. The bell (rung into the first ready list, or the unpaused
+-- list's) only wakes: it leases nothing.
+local paused = is_paused(k)
 local out = {0, 0}
 if entry == BELL then
   redis.call('LREM', k.processing, 1, BELL)
 elseif redis.call('LREM', k.processing, 1, entry) == 0 then
   count(k.stats, 'lost_claims', 1)
   out[2] = 1
+elseif paused then
+  hand_back(k, entry, now, a.lease_ms, a.nonce)
 else
   if take(k, out, {entry}, 1, now, a.lease_ms, a.nonce, a.starts, true) == 1 then
     want = want - 1
@@ -45,6 +54,8 @@ else
   end
 end
 out[1] = recover_bounded(k, now, a.sweep_limit, a.lease_ms)
-if want > 0 then claim_ready(k, want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out) end
+if paused then
+  out[1] = PAUSED
+elseif want > 0 then claim_ready(k, want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out) end
 fix_door(k.levels)
 return remember_claim(k, out, 2, a.nonce, now)

@@ -16,6 +16,37 @@ local function claim_args(total)
     nonce = text_arg(11, 'nonce'), starts = flag_arg(12, 'starts')}
 end
 
+-- The next_due_ms a claim answers while its queue is paused (see pause.lua).
+local PAUSED = -2
+
+-- Whether the queue is paused: the 'paused' field of its stats hash (pause.lua), which a
+-- transient queue keeps too.
+local function is_paused(k)
+  return redis.call('HGET', k.stats, 'paused') ~= false
+end
+
+-- A paused queue hands an entry a blocking claim took (out of the landing zone) back to the
+-- head of the first ready list, as if it had never been claimed: leased (which takes over a
+-- provisional lease the sweep may have given it, and an identical entry's record) and
+-- released at once, its delivery and its claim uncounted. Returns how many were handed back.
+local function hand_back(k, entry, now, lease_ms, nonce)
+  local got = {}
+  take(k, got, {entry}, 1, now, lease_ms, nonce, false, true)
+  for i = #got - 4, 1, -5 do
+    local id = got[i]
+    local m = meta_get(k.meta, id)
+    m.n = math.max(0, m.n - 1)
+    redis.call('ZREM', k.leases, id)
+    to_ready(k, id, m, true)
+  end
+  local n = #got / 5
+  if n > 0 and not TRANSIENT and
+      redis.call('HINCRBY', k.stats, 'claimed', -n) == 0 then
+    redis.call('HDEL', k.stats, 'claimed')  -- as if never counted
+  end
+  return n
+end
+
 -- How many entries one pop takes at most (Lua unpacks a bounded number of values at once).
 local POP_MAX = 1000
 

@@ -30,3 +30,13 @@ local function note_history(key, id, m, field, text, payload, now)
   redis.call('LTRIM', key, 0, HISTORY_MAX - 1)
   redis.call('PEXPIRE', key, HISTORY_TTL_MS)
 end
+
+-- A pause or a resume (`action`) in the queue's control history, when the history is on:
+-- a JSON record {"action", "by", "at_ms"}, newest first, capped and expiring as the others.
+-- @when history
+local function note_control(key, action, by, now)
+  if HISTORY_MAX == 0 then return end
+  redis.call('LPUSH', key, cjson.encode({action = action, by = by, at_ms = now}))
+  redis.call('LTRIM', key, 0, HISTORY_MAX - 1)
+  redis.call('PEXPIRE', key, HISTORY_TTL_MS)
+end

@@ -76,8 +76,8 @@ function show(d) {
   }
   table("list-ready", [["id", (r) => esc(r.id)], ["job", (r) => esc(what(r))]], d.ready);
   table("list-in-flight", [["id", (r) => esc(r.id)], ["lease left", (r) => leaseBar(r, d.lease_ms)],
-    ["deliveries", (r) => esc(r.deliveries)], ["job", (r) => esc(what(r))]], d.in_flight,
-    (r) => (r.hung ? "hung" : ""));
+    ["deliveries", (r) => esc(r.deliveries)], ["held by", (r) => esc(r.held_by || null)],
+    ["job", (r) => esc(what(r))]], d.in_flight, (r) => (r.hung ? "hung" : ""));
   table("list-completed", [["id", (r) => esc(r.id)], ["result", (r) => esc(r.result)],
     ["deliveries", (r) => esc(r.deliveries)], ["job", (r) => esc(what(r))]],
     d.history_max ? d.completed : []);
