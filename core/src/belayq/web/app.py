@@ -128,7 +128,7 @@ class Dashboard:
     def search(self, message_id: str) -> list[dict[str, Any]]:
         return console.search([self.queue(f.kind, f.name) for f in self.found()], message_id)
 
-    def detail(self, q: AnyQueue) -> dict[str, Any]:
+    def detail(self, found: Found, q: AnyQueue) -> dict[str, Any]:
         hung = set(self.demo.hung) if self.demo else set()
         in_flight = views.in_flight(q, SHOWN)
         for row in in_flight:
@@ -144,11 +144,18 @@ class Dashboard:
             "dead": views.dead(q, SHOWN),
             "completed": [_record(h) for h in q.history("done", SHOWN)],
             "failed": [_record(h) for h in q.history("failed", SHOWN)],
-            "history_max": q.config.history_max,
+            "history_max": _history_max(found, q),
             "framework_failed": console.failed(q, SHOWN),
             "per_minute": rollups.history(q),
             "actions": console.actions(q, SHOWN),
         }  # fmt: skip
+
+
+def _history_max(found: Found, q: AnyQueue) -> int:
+    """How many finished messages of each outcome the queue's processes keep: as they
+    recorded it (the dashboard opens a queue keeping none itself)."""
+    kept = found.record.history_max if found.record is not None else None
+    return kept if kept is not None else q.config.history_max
 
 
 def _record(h: Any) -> dict[str, Any]:
@@ -233,7 +240,8 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         return board.overview()
 
     def detail(request: Request, body: dict[str, Any]) -> Any:
-        return board.detail(target(request))
+        return board.detail(*board.queue(request.path_params["kind"],
+                                         request.path_params["name"]))
 
     def done(request: Request, q: AnyQueue, action: str, result: dict[str, Any],
              **detail: Any) -> dict[str, Any]:
