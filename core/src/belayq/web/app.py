@@ -1,6 +1,6 @@
 """The dashboard's web app (Starlette): the page, its JSON API, and the guard in front.
 
-The API reads one queue's lists O(shown), never O(queue), so the page's 800 ms refresh costs
+The API reads one queue's lists O(shown), never O(queue), so the page's refresh (every second) costs
 a few small commands per queue. It can replay, sweep and purge, hence the guard:
 
 * bound to a loopback address by default, and then only answering requests whose Host is a
