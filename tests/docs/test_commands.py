@@ -62,6 +62,9 @@ RULES = [
          "the same site in strict mode"),
     Rule(r"^uv run pytest", run="pytest"),
     Rule(r"^(uv run )?python -m benchmarks\.", run="bench"),
+    Rule(r"^uv run python -m tests\.web\.screenshots docs/img$",
+         why="runs the browser tests (tests/web/test_page*.py, run with the suite), keeping "
+         "their screenshots in docs/img"),
     Rule(r"^uv run python tests/plugins/kombu/run_celery_suite\.py$",
          why="Celery's own integration suite, about an hour; its results are in docs/celery.md"),
 ]

@@ -1,8 +1,11 @@
-"""The dashboard's fixtures: a private server emptied per test, and apps served by a real
-uvicorn on a free port."""
+"""The dashboard's fixtures: a private server emptied per test, apps served by a real
+uvicorn on a free port, and a page in a real headless Chromium (Debian's, driven by
+Playwright, in UTC so the graph's time axis is the same everywhere)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
@@ -12,10 +15,12 @@ import pytest
 import redis
 
 from belayq.embedded import RedisServer, free_port
-from tests.conftest import flushed_client
+from tests.conftest import flushed_client, unavailable
 from tests.support import wait_for
 
 uvicorn = pytest.importorskip("uvicorn")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 @pytest.fixture
@@ -42,3 +47,19 @@ def _served(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
 def served() -> Callable[..., AbstractContextManager[str]]:
     """``with served(app) as base_url:`` serves ``app`` until the block ends."""
     return _served
+
+
+@pytest.fixture
+def page() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not os.path.exists(CHROMIUM):
+        unavailable("no chromium (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000},
+                                    timezone_id="UTC", locale="en-US")
+            page.set_default_timeout(15_000)
+            yield page
+        finally:
+            browser.close()

@@ -164,3 +164,17 @@ def test_the_per_minute_history(client: redis.Redis, served: Any) -> None:
         status, d = call(f"{base}/api/queue/belayq/jobs")
         assert [(p["t"], p["acked"]) for p in d["per_minute"]] == [
             ((minute + 1) * 60_000, 30), ((minute + 2) * 60_000, 60)]
+
+
+def test_the_history_kept_is_the_one_recorded(client: redis.Redis, served: Any) -> None:
+    """The dashboard opens a queue keeping no history itself; it says what the queue's own
+    processes keep, as they recorded it."""
+    kept = ReliableQueue(client, "kept", keeper=False, history_max=20)
+    kept.publish(b"a")
+    kept.ack(kept.claim(timeout=0)[0], result="done")
+    ReliableQueue(client, "plain", keeper=False).publish(b"b")
+    with served(web.create_app(client)) as base:
+        status, d = call(f"{base}/api/queue/belayq/kept")
+        assert d["history_max"] == 20 and [h["result"] for h in d["completed"]] == ["done"]
+        status, d = call(f"{base}/api/queue/belayq/plain")
+        assert d["history_max"] == 0 and d["completed"] == []

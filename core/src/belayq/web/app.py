@@ -1,6 +1,6 @@
 """The dashboard's web app (Starlette): the page, its JSON API, and the guard in front.
 
-The API reads one queue's lists O(shown), never O(queue), so the page's 800 ms refresh costs
+The API reads one queue's lists O(shown), never O(queue), so the page's refresh (every second) costs
 a few small commands per queue. It can replay, sweep and purge, hence the guard:
 
 * bound to a loopback address by default, and then only answering requests whose Host is a
@@ -129,7 +129,7 @@ class Dashboard:
     def search(self, message_id: str) -> list[dict[str, Any]]:
         return console.search([self.queue(f.kind, f.name) for f in self.found()], message_id)
 
-    def detail(self, q: AnyQueue) -> dict[str, Any]:
+    def detail(self, found: Found, q: AnyQueue) -> dict[str, Any]:
         hung = set(self.demo.hung) if self.demo else set()
         in_flight = views.in_flight(q, SHOWN)
         for row in in_flight:
@@ -145,11 +145,18 @@ class Dashboard:
             "dead": views.dead(q, SHOWN),
             "completed": [_record(h) for h in q.history("done", SHOWN)],
             "failed": [_record(h) for h in q.history("failed", SHOWN)],
-            "history_max": q.config.history_max,
+            "history_max": _history_max(found, q),
             "framework_failed": console.failed(q, SHOWN),
             "per_minute": rollups.history(q),
             "actions": console.actions(q, SHOWN),
         }  # fmt: skip
+
+
+def _history_max(found: Found, q: AnyQueue) -> int:
+    """How many finished messages of each outcome the queue's processes keep: as they
+    recorded it (the dashboard opens a queue keeping none itself)."""
+    kept = found.record.history_max if found.record is not None else None
+    return kept if kept is not None else q.config.history_max
 
 
 def _record(h: Any) -> dict[str, Any]:
@@ -234,7 +241,8 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         return board.overview()
 
     def detail(request: Request, body: dict[str, Any]) -> Any:
-        return board.detail(target(request))
+        return board.detail(*board.queue(request.path_params["kind"],
+                                         request.path_params["name"]))
 
     def done(request: Request, q: AnyQueue, action: str, result: dict[str, Any],
              **detail: Any) -> dict[str, Any]:

@@ -1,147 +1,256 @@
-// The dashboard page: polls the API every 800 ms and draws counts, lists and a chart.
-"use strict";
-const REFRESH_MS = 800;
-const CHART_POINTS = 150; // 2 minutes at 800 ms
-const SERIES = { acked: "#16a34a", nacked: "#f59e0b", reclaimed: "#3b82f6", dead_lettered: "#b91c1c" };
-const token = new URLSearchParams(location.hash.slice(1)).get("token");
-let current = null;      // "kind/name" of the queue shown
-let last = null;         // the previous counters, for rates
-const history = [];      // [{t, acked, nacked, reclaimed, dead_lettered}] per second
+// The console of a fleet's queues: the overview of every queue (#/), one queue's page
+// (#/queue/<kind>/<name>), search by message id, and the demo's pool when there is one.
+// It reads the JSON API every second; nothing is loaded from anywhere else.
+import { $, ApiError, age, api, enc, esc, num, queuePath, renderInto } from "./util.js";
+import { closeQueue, initQueue, open, openQueue, renderQueue } from "./queue.js";
 
-async function api(path, body) {
-  const init = { headers: {} };
-  if (token) init.headers.Authorization = "Bearer " + token;
-  if (body !== undefined) {
-    init.method = "POST";
-    init.headers["Content-Type"] = "application/json";
-    init.body = JSON.stringify(body);
+const REFRESH_MS = 1000;
+
+// -- routes ------------------------------------------------------------------------------
+
+function route() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/");
+  if (parts[0] === "queue" && parts.length >= 3) {
+    return { view: "queue", kind: decodeURIComponent(parts[1]),
+      name: decodeURIComponent(parts.slice(2).join("/")) };
   }
-  const r = await fetch(path, init);
-  const data = await r.json();
-  if (!r.ok) throw new Error(data.error || r.statusText);
-  return data;
+  return { view: "overview" };
 }
 
-const $ = (id) => document.getElementById(id);
-const esc = (s) => String(s ?? "–").replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
-const what = (row) => row.task ? `${row.task} ${row.task_id || ""}` : (row.payload ?? "");
+export const queueHash = (kind, name) => `#/queue/${enc(kind)}/${enc(name)}`;
 
-function table(id, columns, rows, rowClass) {
-  const head = "<tr>" + columns.map(([h]) => `<th>${esc(h)}</th>`).join("") + "</tr>";
-  const body = rows.map((r) => `<tr class="${rowClass ? rowClass(r) : ""}" data-id="${esc(r.id)}">` +
-    columns.map(([, f]) => `<td>${f(r)}</td>`).join("") + "</tr>").join("");
-  $(id).innerHTML = head + (body || `<tr><td colspan="${columns.length}">(none)</td></tr>`);
+function show(r) {
+  $("view-overview").hidden = r.view !== "overview";
+  $("view-queue").hidden = r.view !== "queue";
+  if (r.view === "overview") {
+    closeQueue();
+    document.title = "belayq";
+  }
 }
 
-function leaseBar(row, leaseMs) {
-  const left = Math.max(0, row.lease_left_s);
-  const width = Math.round(80 * Math.min(1, (left * 1000) / leaseMs));
-  return `<span class="bar" style="width:${width}px"></span> ${left.toFixed(1)} s`;
+// -- the overview ------------------------------------------------------------------------
+
+const COLUMNS = [
+  ["kind", "kind", "text"], ["queue", "queue", "text"], ["ready", "ready", "n"],
+  ["delayed", "delayed", "n"], ["in_flight", "in flight", "n"], ["dead", "dead", "n"],
+  ["failed", "framework failed", "n"], ["in_per_min", "in/min", "rate"],
+  ["out_per_min", "out/min", "rate"], ["oldest_ready_s", "oldest waiting", "age"],
+  ["oldest_lease_s", "oldest lease", "age"], ["paused", "paused", "flag"],
+  ["error", "error", "text"],
+];
+const sorting = { key: "queue", descending: false };
+let lastOverview = null;
+
+function compare(a, b) {
+  const x = a[sorting.key], y = b[sorting.key];
+  const missing = (v) => v === null || v === undefined || v === "";
+  if (missing(x) || missing(y)) return missing(x) - missing(y);  // the unknown go last
+  const order = typeof x === "string" ? x.localeCompare(y) : Number(x) - Number(y);
+  return sorting.descending ? -order : order;
 }
 
-async function refresh() {
+function cell(row, key, type) {
+  const v = row[key];
+  if (type === "n") return num(v);
+  if (type === "rate") return num(v, 1);
+  if (type === "age") return age(v);
+  if (type === "flag") return v ? '<span class="badge warn" data-testid="paused-flag">paused</span>' : "";
+  if (key === "error") return v ? `<span class="error">${esc(v)}</span>` : "";
+  if (key === "kind") return `<span class="kind">${esc(v)}</span>`;
+  return `<b>${esc(v)}</b>`;
+}
+
+function renderOverview(o) {
+  const rows = [...o.queues].sort((a, b) => compare(a, b) ||
+    `${a.kind}/${a.queue}`.localeCompare(`${b.kind}/${b.queue}`));
+  const head = "<thead><tr>" + COLUMNS.map(([key, label, type]) => {
+    const on = sorting.key === key;
+    const aria = on ? ` aria-sort="${sorting.descending ? "descending" : "ascending"}"` : "";
+    const arrow = on ? (sorting.descending ? " ▼" : " ▲") : "";
+    return `<th scope="col" class="${type}"${aria}><button type="button" data-sort="${key}" ` +
+      `data-focus="sort:${key}" data-testid="sort-${key}">${esc(label)}${arrow}</button></th>`;
+  }).join("") + "</tr></thead>";
+  const body = rows.map((r) => `<tr tabindex="0" data-testid="overview-row" ` +
+    `data-kind="${esc(r.kind)}" data-queue="${esc(r.queue)}" data-focus="q:${esc(r.kind)}/${esc(r.queue)}"` +
+    `${r.error ? ' class="broken"' : ""}>` +
+    COLUMNS.map(([key, , type]) => `<td class="${type}">${cell(r, key, type)}</td>`).join("") +
+    "</tr>").join("");
+  const none = `<tr class="none"><td colspan="${COLUMNS.length}">No queue found: a queue ` +
+    "shows here once a process has opened it (or an RQ or Celery queue holds a message).</td></tr>";
+  renderInto($("overview"), `<table>${head}<tbody>${body || none}</tbody></table>`);
+  const total = (k) => o.queues.reduce((s, q) => s + (Number(q[k]) || 0), 0);
+  $("overview-summary").textContent = `${num(o.queues.length)} queue${o.queues.length === 1 ? "" : "s"}` +
+    ` · ${num(total("ready"))} ready · ${num(total("in_flight"))} in flight` +
+    ` · ${num(total("dead"))} dead · ${num(total("failed"))} failed in their framework`;
+}
+
+$("overview").addEventListener("click", (e) => {
+  const sort = e.target.closest("[data-sort]");
+  if (sort) {
+    const key = sort.dataset.sort;
+    const numeric = COLUMNS.find(([k]) => k === key)[2] !== "text";
+    sorting.descending = sorting.key === key ? !sorting.descending : numeric;
+    sorting.key = key;
+    if (lastOverview) renderOverview(lastOverview);
+    return;
+  }
+  const row = e.target.closest("tr[data-queue]");
+  if (row) location.hash = queueHash(row.dataset.kind, row.dataset.queue);
+});
+$("overview").addEventListener("keydown", (e) => {
+  const row = e.target.closest && e.target.closest("tr[data-queue]");
+  if (e.key === "Enter" && row && e.target === row) {
+    e.preventDefault();
+    location.hash = queueHash(row.dataset.kind, row.dataset.queue);
+  }
+});
+
+// -- the demo's pool ---------------------------------------------------------------------
+
+function renderDemo(demo) {
+  $("demo").hidden = !demo;
+  if (!demo) return;
+  const s = demo.settings, c = demo.counts;
+  const running = demo.alive > 0;
+  const badge = $("pool-badge");
+  badge.textContent = running ? "running" : "stopped";
+  badge.className = "badge " + (running ? "ok" : "idle");
+  $("pool-state").innerHTML =
+    `<span><b>${num(demo.alive)}</b> of ${num(s.size)} workers alive</span>` +
+    `<span>latency <b>${num(s.latency_ms)} ms</b></span>` +
+    `<span>fail <b>${Math.round(s.fail_rate * 100)} %</b></span>` +
+    `<span>hang <b>${Math.round(s.hang_rate * 100)} %</b></span>` +
+    `<span>enqueued <b>${num(c.enqueued || 0)}</b></span>` +
+    `<span>completed <b>${num(c.completed || 0)}</b></span>` +
+    `<span>failed runs <b>${num(c.failed_runs || 0)}</b></span>` +
+    `<span>hung <b>${num(c.hung || 0)}</b></span>` +
+    (c.errors ? `<span class="error">errors <b>${num(c.errors)}</b></span>` : "");
+}
+
+async function demoAction(path, body) {
   try {
-    const o = await api("/api/overview");
-    const select = $("queue-select");
-    const keys = o.queues.map((q) => `${q.kind}/${q.queue}`);
-    if (select.options.length !== keys.length || keys.some((k, i) => select.options[i].value !== k)) {
-      select.innerHTML = keys.map((k) => `<option value="${esc(k)}">${esc(k)}</option>`).join("");
-      if (current && keys.includes(current)) select.value = current;
-    }
-    current = select.value || null;
-    $("demo").hidden = !o.demo;
-    if (o.demo) {
-      const s = o.demo.settings, c = o.demo.counts;
-      $("pool-state").textContent = `${o.demo.alive} worker(s) running · latency ${s.latency_ms} ms · ` +
-        `fail ${Math.round(s.fail_rate * 100)} % · hang ${Math.round(s.hang_rate * 100)} % · ` +
-        `enqueued ${c.enqueued || 0} · hung ${c.hung || 0}`;
-    }
-    if (!current) { $("status").textContent = "no queues found"; return; }
-    const d = await api(`/api/queue/${current}`);
-    show(d);
-    $("status").textContent = "live · " + new Date().toLocaleTimeString();
-    $("status").classList.remove("error");
+    await api(`/api/demo/${path}`, body);
+    $("demo-result").textContent = "";
   } catch (e) {
-    $("status").textContent = "error: " + e.message;
-    $("status").classList.add("error");
+    $("demo-result").textContent = e.message;
   }
-}
-
-function show(d) {
-  const s = d.stats;
-  for (const [id, v] of [["n-ready", s.ready], ["n-in-flight", s.in_flight], ["n-delayed", s.delayed],
-    ["n-acked", s.acked || 0], ["n-nacked", s.nacked || 0], ["n-dead", s.dead],
-    ["n-reclaimed", (s.reclaimed || 0) + (s.adopted || 0)], ["n-published", s.published || 0]]) {
-    $(id).textContent = v;
-  }
-  table("list-ready", [["id", (r) => esc(r.id)], ["job", (r) => esc(what(r))]], d.ready);
-  table("list-in-flight", [["id", (r) => esc(r.id)], ["lease left", (r) => leaseBar(r, d.lease_ms)],
-    ["deliveries", (r) => esc(r.deliveries)], ["held by", (r) => esc(r.held_by || null)],
-    ["job", (r) => esc(what(r))]], d.in_flight, (r) => (r.hung ? "hung" : ""));
-  table("list-completed", [["id", (r) => esc(r.id)], ["result", (r) => esc(r.result)],
-    ["deliveries", (r) => esc(r.deliveries)], ["job", (r) => esc(what(r))]],
-    d.history_max ? d.completed : []);
-  table("list-dead", [["id", (r) => esc(r.id)], ["reason", (r) => esc(r.reason)],
-    ["deliveries", (r) => esc(r.deliveries)], ["job", (r) => esc(what(r))],
-    ["", (r) => `<button type="button" class="replay" data-id="${esc(r.id)}">Replay</button>`]], d.dead);
-  table("list-delayed", [["id", (r) => esc(r.id)], ["due in", (r) => esc(r.due_in_s) + " s"],
-    ["job", (r) => esc(what(r))]], d.delayed);
-  sample(s);
-  draw();
-}
-
-function sample(s) {
-  const now = Date.now() / 1000;
-  const counters = Object.fromEntries(Object.keys(SERIES).map((k) => [k, s[k] || 0]));
-  counters.reclaimed += s.adopted || 0;
-  if (last && now > last.t) {
-    const point = { t: now };
-    for (const k of Object.keys(SERIES)) point[k] = Math.max(0, (counters[k] - last[k]) / (now - last.t));
-    history.push(point);
-    if (history.length > CHART_POINTS) history.shift();
-  }
-  last = { t: now, ...counters };
-}
-
-function draw() {
-  const c = $("chart"), g = c.getContext("2d");
-  g.clearRect(0, 0, c.width, c.height);
-  const top = Math.max(1, ...history.flatMap((p) => Object.keys(SERIES).map((k) => p[k])));
-  g.fillStyle = "#889"; g.font = "11px system-ui"; g.fillText(top.toFixed(1) + "/s", 2, 11);
-  for (const [k, color] of Object.entries(SERIES)) {
-    g.strokeStyle = color; g.lineWidth = 2; g.beginPath();
-    history.forEach((p, i) => {
-      const x = (i / (CHART_POINTS - 1)) * c.width, y = c.height - 2 - (p[k] / top) * (c.height - 16);
-      i ? g.lineTo(x, y) : g.moveTo(x, y);
-    });
-    g.stroke();
-  }
-}
-
-async function act(path, body, out) {
-  try {
-    const r = await api(path, body);
-    if (out) $(out).textContent = out === "sweep-result" ? `reclaimed ${r.reclaimed}, adopted ${r.adopted}, promoted ${r.promoted}` : "";
-  } catch (e) { alert(e.message); }
   refresh();
 }
 
-$("sweep").onclick = () => current && act(`/api/queue/${current}/sweep`, {}, "sweep-result");
-$("replay-all").onclick = () => current && act(`/api/queue/${current}/replay`, { all: true });
-$("list-dead").onclick = (e) => {
-  const id = e.target.dataset && e.target.dataset.id;
-  if (id && e.target.classList.contains("replay")) act(`/api/queue/${current}/replay`, { ids: [id] });
-};
-$("queue-select").onchange = () => { current = $("queue-select").value; last = null; history.length = 0; refresh(); };
-$("enqueue-form").onsubmit = (e) => {
+$("enqueue-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  act("/api/demo/enqueue", { kind: $("job-kind").value, count: Number($("job-count").value) });
-};
-$("pool-form").onsubmit = (e) => {
+  demoAction("enqueue", { kind: $("job-kind").value, count: Number($("job-count").value) });
+});
+$("pool-form").addEventListener("submit", (e) => {
   e.preventDefault();
-  act("/api/demo/workers", { size: Number($("pool-size").value), latency_ms: Number($("pool-latency").value),
-    fail_rate: Number($("pool-fail").value) / 100, hang_rate: Number($("pool-hang").value) / 100 });
-};
-$("stop-workers").onclick = () => act("/api/demo/stop", {});
+  demoAction("workers", { size: Number($("pool-size").value),
+    latency_ms: Number($("pool-latency").value), fail_rate: Number($("pool-fail").value) / 100,
+    hang_rate: Number($("pool-hang").value) / 100 });
+});
+$("stop-workers").addEventListener("click", () => demoAction("stop", {}));
+
+// -- search by message id ----------------------------------------------------------------
+
+$("search-form").addEventListener("submit", async (e) => {
+  e.preventDefault();
+  const id = $("search").value.trim();
+  const out = $("search-result");
+  if (!id) return;
+  out.hidden = false;
+  out.textContent = "searching…";
+  try {
+    const { found } = await api(`/api/search?id=${enc(id)}`);
+    if (found.length === 0) {
+      out.textContent = `No queue knows a message ${id}.`;
+    } else if (found.length === 1) {
+      out.hidden = true;
+      openFound(found[0], id);
+    } else {
+      out.innerHTML = `${esc(id)} is in ${found.length} queues: ` + found.map((f, i) =>
+        `<button type="button" data-hit="${i}">${esc(f.kind)}/${esc(f.queue)} (${esc(f.state)})</button>`).join(" ");
+      out.querySelectorAll("[data-hit]").forEach((b) => b.addEventListener("click", () => {
+        out.hidden = true;
+        openFound(found[Number(b.dataset.hit)], id);
+      }));
+    }
+  } catch (err) {
+    out.textContent = err.message;
+  }
+});
+
+function openFound(hit, id) {
+  location.hash = queueHash(hit.kind, hit.queue);
+  open(id, hit.kind, hit.queue);
+}
+
+document.addEventListener("keydown", (e) => {
+  const typing = e.target.closest && e.target.closest("input, textarea, select, [contenteditable]");
+  if (e.key === "/" && !typing && !document.querySelector("dialog[open]")) {
+    e.preventDefault();
+    $("search").focus();
+    $("search").select();
+  }
+});
+
+// -- the refresh -------------------------------------------------------------------------
+
+let timer = null;
+let running = null;
+
+async function load() {
+  const r = route();
+  const o = await api("/api/overview");
+  lastOverview = o;
+  renderDemo(o.demo);
+  if (r.view === "overview") {
+    renderOverview(o);
+    return;
+  }
+  const row = o.queues.find((q) => q.kind === r.kind && q.queue === r.name) || null;
+  try {
+    const d = await api(queuePath(r.kind, r.name));
+    const now = route();
+    if (now.view === "queue" && now.kind === r.kind && now.name === r.name) {
+      $("queue-missing").hidden = true;
+      $("queue-page").hidden = false;
+      renderQueue(r.kind, r.name, d, row);
+    }
+  } catch (e) {
+    if (!(e instanceof ApiError) || e.status !== 404) throw e;
+    closeQueue();
+    $("queue-page").hidden = true;
+    $("queue-missing").hidden = false;
+    $("queue-missing").textContent = e.message;
+  }
+}
+
+/** Read the API now (and again every REFRESH_MS); a read in progress is not doubled. */
+export function refresh() {
+  if (running) return running;
+  clearTimeout(timer);
+  running = load().then(() => {
+    $("status").textContent = "live · " + new Date().toLocaleTimeString();
+    $("status").classList.remove("error");
+  }, (e) => {
+    $("status").textContent = "error: " + e.message;
+    $("status").classList.add("error");
+  }).finally(() => {
+    running = null;
+    timer = setTimeout(refresh, REFRESH_MS);
+  });
+  return running;
+}
+
+window.addEventListener("hashchange", () => {
+  const r = route();
+  const q = openQueue();
+  if (r.view !== "queue" || !q || q.kind !== r.kind || q.name !== r.name) {
+    $("queue-page").hidden = true;  // nothing of another queue shows while this one loads
+  }
+  show(r);
+  running ? running.then(refresh) : refresh();
+});
+
+initQueue(refresh);
+show(route());
 refresh();
-setInterval(refresh, REFRESH_MS);

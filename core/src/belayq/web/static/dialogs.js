@@ -1,0 +1,143 @@
+// The two dialogs: the confirmation every action passes through (typing the queue's name
+// for a purge and for every "all"), and one message's detail.
+import { $, api, copy, esc, json, num, queuePath, when, enc } from "./util.js";
+
+// -- confirmation ------------------------------------------------------------------------
+
+let settle = null;  // resolves the confirmation shown
+
+/** Ask before an action; resolves true once confirmed, false when cancelled (the Cancel
+ * button, or Escape). ``typed``: the text to type first (the queue's name). ``danger``:
+ * the action destroys something, so the focus starts on Cancel. */
+export function confirmAction({ title, text, okLabel = "Confirm", typed = null, danger = false }) {
+  const dialog = $("confirm");
+  $("confirm-title").textContent = title;
+  $("confirm-text").textContent = text;
+  $("confirm-ok").textContent = okLabel;
+  $("confirm-ok").classList.toggle("danger", danger);
+  const field = $("confirm-name");
+  $("confirm-typed").hidden = typed === null;
+  $("confirm-expected").textContent = typed ?? "";
+  field.value = "";
+  $("confirm-ok").disabled = typed !== null;
+  field.oninput = () => { $("confirm-ok").disabled = field.value !== typed; };
+  return new Promise((resolve) => {
+    settle = resolve;
+    dialog.showModal();
+    (typed !== null ? field : danger ? $("confirm-cancel") : $("confirm-ok")).focus();
+  });
+}
+
+function closeConfirm(answer) {
+  const dialog = $("confirm");
+  if (dialog.open) dialog.close();
+  if (settle) { const s = settle; settle = null; s(answer); }
+}
+
+$("confirm-ok").addEventListener("click", () => closeConfirm(true));
+$("confirm-cancel").addEventListener("click", () => closeConfirm(false));
+$("confirm").addEventListener("close", () => closeConfirm(false));  // Escape
+$("confirm-name").addEventListener("keydown", (e) => {
+  if (e.key === "Enter") {
+    e.preventDefault();
+    if (!$("confirm-ok").disabled) closeConfirm(true);
+  }
+});
+
+// -- a message's detail ------------------------------------------------------------------
+
+const STATE_CLASS = { ready: "ok", delayed: "info", "in flight": "info", dead: "bad",
+  completed: "ok", failed: "bad" };
+
+/** A definition: ``value`` is text (escaped here), or html when ``html``; none, nothing. */
+function field(label, value, testid, html = false) {
+  if (value === null || value === undefined || value === "") return "";
+  const id = testid ? ` data-testid="${testid}"` : "";
+  return `<dt>${esc(label)}</dt><dd${id}>${html ? value : esc(value)}</dd>`;
+}
+
+const code = (v) => (v === null || v === undefined ? null : `<code>${esc(v)}</code>`);
+const at = (ms) => (ms ? when(ms) : null);
+
+function block(label, text, testid) {
+  if (text === null || text === undefined) return "";
+  return `<h3>${esc(label)}</h3><pre data-testid="${testid}">${esc(text)}</pre>`;
+}
+
+function payloadHtml(p) {
+  if (!p) return '<p class="muted">No payload is kept for it.</p>';
+  const size = `<p class="muted">${num(p.bytes)} bytes${p.truncated ? ", shown cut" : ""}</p>`;
+  if (p.celery) {
+    const c = p.celery;
+    return "<h3>Celery task</h3><dl>" +
+      field("task", c.task, "message-task") + field("task id", c.id) +
+      field("retries", c.retries) + field("ETA", c.eta) + field("expires", c.expires) +
+      field("root id", c.root_id) + field("parent id", c.parent_id) +
+      field("group", c.group) + field("origin", c.origin) + field("body", c.body) + "</dl>" +
+      ("args" in c ? block("args", json(c.args), "message-args") : "") +
+      ("kwargs" in c ? block("kwargs", json(c.kwargs), "message-kwargs") : "") + size;
+  }
+  if (p.json !== null && p.json !== undefined) {
+    return block("payload (JSON)", json(p.json), "message-json") + size;
+  }
+  return block("payload", p.text ?? "", "message-text") + size;
+}
+
+function frameworkHtml(f) {
+  if (!f) return "";
+  return "<h3>RQ's job record</h3><dl>" +
+    field("function", f.function, "job-function") + field("status", f.status, "job-status") +
+    field("description", f.description) + field("origin", f.origin) +
+    field("enqueued", at(f.enqueued_at_ms)) + field("started", at(f.started_at_ms)) +
+    field("ended", at(f.ended_at_ms)) + field("retries left", f.retries_left) +
+    field("args", code(f.args), null, true) + field("kwargs", code(f.kwargs), null, true) +
+    field("result", code(f.result), "job-result", true) + "</dl>" +
+    block("traceback", f.exc_info, "exc-info");
+}
+
+function messageHtml(kind, name, m) {
+  const badge = `<span class="badge ${STATE_CLASS[m.state] || ""}">${esc(m.state)}</span>`;
+  const secs = (v) => (v === undefined || v === null ? null : `${num(v, 1)} s`);
+  return "<dl>" +
+    field("queue", `${kind} / ${name}`) + field("state", badge, "message-state", true) +
+    field("shard", m.shard) + field("lease left", secs(m.lease_left_s)) +
+    field("due in", secs(m.due_in_s)) + field("dead since", at(m.dead_at_ms)) +
+    field("deliveries", m.deliveries) + field("runs (attempts)", m.attempts) +
+    field("priority level", m.level) + field("error", m.error ?? m.reason, "message-error") +
+    field("result", m.result) + field("published", at(m.published_ms)) +
+    field("finished", at(m.finished_ms)) + "</dl>" +
+    payloadHtml(m.payload) + frameworkHtml(m.framework);
+}
+
+/** Open message ``id`` of queue ``kind``/``name``. ``actionsFor(message)`` lists the
+ * buttons its state allows: [{label, testid, run}], each run closing the detail first. */
+export async function showMessage(kind, name, id, actionsFor) {
+  const dialog = $("message");
+  $("message-id").textContent = id;
+  $("message-body").innerHTML = '<p class="muted">loading…</p>';
+  $("message-actions").innerHTML = "";
+  if (!dialog.open) dialog.showModal();
+  $("message-close").focus();
+  let m;
+  try {
+    m = await api(`${queuePath(kind, name)}/message/${enc(id)}`);
+  } catch (e) {
+    $("message-body").innerHTML = `<p class="error" data-testid="message-missing">${esc(e.message)}</p>`;
+    return;
+  }
+  $("message-body").innerHTML = messageHtml(kind, name, m);
+  const buttons = actionsFor ? actionsFor(m) : [];
+  const bar = $("message-actions");
+  for (const b of buttons) {
+    const el = document.createElement("button");
+    el.type = "button";
+    el.textContent = b.label;
+    el.dataset.testid = b.testid;
+    if (b.danger) el.className = "danger";
+    el.addEventListener("click", () => { dialog.close(); b.run(); });
+    bar.append(el);
+  }
+}
+
+$("message-close").addEventListener("click", () => $("message").close());
+$("message-copy").addEventListener("click", (e) => copy($("message-id").textContent, e.target));
