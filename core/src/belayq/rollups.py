@@ -82,10 +82,9 @@ def history(q: AnyQueue, minutes: int = KEEP_MINUTES) -> list[dict[str, int]]:
     """The counts per minute over the last ``minutes`` with snapshots (over every shard of a
     sharded queue): ``t`` (the minute's start, ms since the epoch) and, for each counter,
     how many it counted in that minute. Minutes before the first snapshot are left out."""
-    from .sharded import parts_of
-
     totals: dict[int, dict[str, float]] = {}
-    for part in parts_of(q):
+    parts: tuple[ReliableQueue, ...] = getattr(q, "shards", None) or (q,)  # type: ignore[assignment]
+    for part in parts:
         for minute, counts in _per_minute(part, minutes).items():
             row = totals.setdefault(minute, dict.fromkeys(COUNTERS, 0.0))
             for name, value in counts.items():

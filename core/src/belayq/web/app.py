@@ -49,6 +49,8 @@ STATIC = Path(__file__).parent / "static"
 #: Rows of each list the page shows.
 SHOWN = 50
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: Leases read to tell who holds what (the soonest to expire).
+HOLDERS_READ = 1000
 #: The most failed jobs one "all" action of the page requeues or deletes.
 FAILED_AT_ONCE = 10_000
 #: How long the list of queues is reused before it is looked up again (s).
@@ -149,6 +151,8 @@ class Dashboard:
             "framework_failed": console.failed(q, SHOWN),
             "per_minute": rollups.history(q),
             "actions": console.actions(q, SHOWN),
+            "consumers": [{"holder": h, "leases": n} for h, n in sorted(
+                q.holders(HOLDERS_READ).items(), key=lambda item: -item[1])],
         }  # fmt: skip
 
 
@@ -310,6 +314,14 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
             ids = [row["id"] for row in tools.failed(q, FAILED_AT_ONCE)]
         return int(getattr(tools, call)(q, ids))
 
+    def pause(request: Request, body: dict[str, Any]) -> Any:
+        q = target(request)
+        client = request.client
+        by = f"dashboard {client.host if client is not None else 'unknown'}"
+        if request.url.path.endswith("/pause"):
+            return done(request, q, "pause", {"paused": q.pause(by=by)})
+        return done(request, q, "resume", {"resumed": q.resume(by=by)})
+
     def purge(request: Request, body: dict[str, Any]) -> Any:
         q = target(request)
         if body.get("confirm") != q.name:
@@ -354,6 +366,8 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         Route("/api/queue/{kind}/{name}/replay", api(replay), methods=["POST"]),
         Route("/api/queue/{kind}/{name}/purge", api(purge), methods=["POST"]),
         Route("/api/queue/{kind}/{name}/delete", api(delete), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/pause", api(pause), methods=["POST"]),
+        Route("/api/queue/{kind}/{name}/resume", api(pause), methods=["POST"]),
         Route("/api/queue/{kind}/{name}/retry", api(retry), methods=["POST"]),
         Route("/api/queue/{kind}/{name}/message/{id:path}", api(message)),
         Route("/api/search", api(search)),

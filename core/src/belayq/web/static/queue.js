@@ -122,6 +122,10 @@ function lists(kind, d) {
     ["lease left", (r) => leaseBar(r, d.lease_ms), "leasecol"],
     ["deliveries", (r) => esc(r.deliveries), "short"],
     ...holder, jobCol], d.in_flight, { rowClass: (r) => (r.hung ? "hung" : "") }));
+  renderInto($("list-consumers"), table([
+    ["holder", (r) => esc(r.holder || "(not registered yet)")],
+    ["leases", (r) => esc(num(r.leases)), "short"]], d.consumers || [],
+    { empty: "(no claim held)" }));
   renderInto($("list-dead"), table([idCol, ["reason", (r) => esc(r.reason)],
     ["deliveries", (r) => esc(r.deliveries), "short"],
     ["dead since", (r) => esc(when(r.dead_at_ms)), "when"],
