@@ -18,7 +18,8 @@ import itertools
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .errors import RESPONSE_ERROR
+from .blocking import node_client
+from .errors import CLUSTER_ERROR, CONNECTION_ERROR, REDIRECTS, RESPONSE_ERROR
 from .models import text as _text
 
 if TYPE_CHECKING:
@@ -46,13 +47,16 @@ def record_minute(q: ReliableQueue, last: tuple[int, ...] | None) -> tuple[int, 
     is there, the queue never counted anything, or the counters equal ``last`` (what this
     process last wrote or read). Returns the counters read (None when it could not read).
     A server that refuses the commands (an ACL) is logged once per queue, and changes
-    nothing."""
+    nothing; a server away, or a cluster slot on the move, leaves the minute to the next
+    beat."""
     if q.config.transient:
         return last
     client = q.client
     key = q.keys.rollups
     try:
-        pipe = client.pipeline(transaction=False)
+        # TIME names no key, so a cluster client cannot pipeline it: it is asked of the
+        # node that holds the queue, in the same pipeline as the counters.
+        pipe = node_client(q).pipeline(transaction=False)
         pipe.time()
         pipe.hmget(q.keys.stats, list(COUNTERS))
         (seconds, micros), values = pipe.execute()
@@ -71,6 +75,8 @@ def record_minute(q: ReliableQueue, last: tuple[int, ...] | None) -> tuple[int, 
             if old:
                 client.hdel(key, *old)
         return counters
+    except (*REDIRECTS, *CLUSTER_ERROR, *CONNECTION_ERROR):
+        return last
     except RESPONSE_ERROR as exc:
         if not getattr(q, "_rollups_refused", False):
             q._rollups_refused = True  # type: ignore[attr-defined]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..admin import parse_meta, stats_of
+from ..blocking import node_client
 from ..cli import views
 from ..discovery import Found
 from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
@@ -212,8 +213,8 @@ def message(q: AnyQueue, message_id: str) -> dict[str, Any]:
 
 
 def _in_part(q: ReliableQueue, message_id: str) -> dict[str, Any] | None:
-    c, k = q.client, q.keys
-    pipe = c.pipeline(transaction=False)
+    k = q.keys
+    pipe = node_client(q).pipeline(transaction=False)  # TIME names no key: the queue's node
     pipe.time()
     pipe.hget(k.meta, message_id)
     pipe.hget(k.payloads, message_id)
