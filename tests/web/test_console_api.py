@@ -17,7 +17,7 @@ from celery import Celery
 
 import belayq_kombu  # noqa: F401  (registers belayq://)
 import belayq_rq
-from belayq import ReliableQueue
+from belayq import ReliableQueue, failures
 from belayq.keys import kombu_layout
 from tests.plugins.rq import jobs
 
@@ -111,7 +111,7 @@ def test_rq_failures_requeued_and_deleted_from_the_api(client: redis.Redis,
         api = f"{base}/api/queue/rq/reports"
         status, d = call(api)
         failed = d["framework_failed"]
-        assert failed["count"] == 3
+        assert failed["count"] == 3 and failed["can_retry"]
         assert {r["id"] for r in failed["rows"]} == {j.id for j in failing}
         assert all(r["reason"] == "ValueError: this job always fails" for r in failed["rows"])
         status, m = call(f"{api}/message/{failing[0].id}")
@@ -201,3 +201,29 @@ def test_pause_resume_and_who_holds_what_from_the_api(client: redis.Redis,
         assert [a["action"] for a in d["actions"]] == ["resume", "pause", "pause"]
         assert d["actions"][0]["by"] == "127.0.0.1"
         assert call(f"{base}/api/queue/belayq/nope/pause", {})[0] == 404
+
+
+def test_celery_failed_runs_are_listed_opened_and_deleted_not_requeued(
+        client: redis.Redis, served: Any) -> None:
+    port = client.connection_pool.connection_kwargs["port"]
+    Celery("shop", broker=f"belayq://127.0.0.1:{port}/0").send_task("shop.ok", queue="charges")
+    kombu = ReliableQueue(client, "charges", keeper=False, **kombu_layout("charges"))
+    failures.record(kombu, "task-1", 1_000, {"framework": "celery", "task": "shop.charge",
+                                             "reason": "ValueError: no", "exc_info": "Tb"})
+    with served(web.create_app(client)) as base:
+        assert rows_by_name(base)["charges"]["failed"] == 1
+        api = f"{base}/api/queue/kombu/charges"
+        status, d = call(api)
+        assert d["framework_failed"] == {"count": 1, "can_retry": False, "rows": [
+            {"id": "task-1", "task": "shop.charge", "failed_at_ms": 1_000,
+             "reason": "ValueError: no"}]}
+        status, m = call(f"{api}/message/task-1")
+        assert status == 200 and m["state"] == "not in belayq's keys"
+        assert (m["framework"]["status"], m["framework"]["exc_info"]) == ("failed", "Tb")
+        status, refused = call(f"{api}/retry", {"ids": ["task-1"]})
+        assert status == 400 and "retry policy" in refused["error"]
+        assert failures.count(kombu) == 1
+        assert call(f"{api}/delete", {"ids": ["task-1"], "from": "failed"}) == (
+            200, {"deleted": 1})
+        assert failures.count(kombu) == 0
+    assert kombu.stats()["ready"] == 1

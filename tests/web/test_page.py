@@ -1,12 +1,14 @@
 """The console in a real headless Chromium: the overview of a fleet (a Celery queue filled by
 Celery's own producer, an RQ queue with a job a real RQ worker failed, a belayq queue),
-sorted by its headers; a Celery task's detail; an RQ failed job's traceback, requeued from
+sorted by its headers; a Celery task's detail; a Celery task a real worker failed, with its
+traceback; an RQ failed job's traceback, requeued from
 the page; and the keyboard ("/" to search, Enter on a row, Escape on the dialog).
 
 ``python -m tests.web.screenshots docs/img`` keeps the screenshots the docs show."""
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from pathlib import Path
@@ -20,6 +22,8 @@ from celery import Celery
 import belayq_kombu  # noqa: F401  (registers belayq://)
 import belayq_rq
 from belayq import ReliableQueue
+from tests.plugins.kombu.conftest import HERE as KOMBU_TESTS
+from tests.plugins.kombu.conftest import Worker
 from tests.plugins.rq import jobs
 from tests.support import wait_for
 
@@ -124,6 +128,47 @@ def test_a_celery_tasks_detail(client: redis.Redis, served: Any, page: Any,
         shoot(page, "message-celery.png", tmp_path)
         page.get_by_test_id("message-close").click()
         dialog.wait_for(state="hidden")
+
+
+def test_a_failed_celery_task_with_its_traceback(client: redis.Redis, served: Any, page: Any,
+                                                 tmp_path: Path) -> None:
+    """A real ``celery worker`` runs a task that raises; the page lists the failed run, opens
+    it with its traceback, offers no requeue (the task's retry policy owns that), and
+    deletes it."""
+    port = client.connection_pool.connection_kwargs["port"]
+    queue = celery_queue("charges")
+    env = dict(os.environ, BQ_BROKER=f"belayq://127.0.0.1:{port}/0", BQ_QUEUE=queue,
+               BQ_BACKEND=f"redis://127.0.0.1:{port}/1",
+               PYTHONPATH=os.pathsep.join([str(KOMBU_TESTS), os.environ.get("PYTHONPATH", "")]))
+    worker = Worker(env, tmp_path / "worker.log", f"w-{uuid.uuid4().hex[:6]}@%h",
+                    ["--pool=solo"])
+    try:
+        worker.wait_ready()
+        sent = celery_app(client).send_task("worker_app.boom", args=(7,), queue=queue)
+        with served(web.create_app(client)) as base:
+            page.goto(f"{base}/#/queue/kombu/{queue}")
+            wait_for(lambda: rows(page, "list-framework-failed") == [sent.id], 30,
+                     lambda: f"the failed run in the page; worker: {worker.text()[-2000:]}")
+            assert number(page, "n-framework-failed") == 1
+            assert page.get_by_test_id("retry-all").is_hidden()
+            assert page.get_by_test_id("list-framework-failed").locator(
+                "[data-testid=retry-one]").count() == 0
+            page.locator(f"[data-testid=list-framework-failed] tr[data-id='{sent.id}']").click()
+            page.get_by_test_id("exc-info").wait_for()
+            traceback = page.get_by_test_id("exc-info").inner_text()
+            assert traceback.startswith("Traceback")
+            assert "ValueError: task 7 always fails" in traceback
+            assert page.get_by_test_id("job-function").inner_text() == "worker_app.boom"
+            assert page.get_by_test_id("job-reason").inner_text() == (
+                "ValueError: task 7 always fails")
+            assert page.get_by_test_id("message-retry").count() == 0
+            shoot(page, "celery-failed.png", tmp_path)
+            page.get_by_test_id("message-delete-failed").click()
+            assert sent.id in confirm(page)
+            said(page, "Deleted 1 failed job.")
+            wait_for(lambda: number(page, "n-framework-failed") == 0, 10, "no failed run left")
+    finally:
+        worker.stop()
 
 
 def test_an_rq_failed_job_opened_and_requeued(client: redis.Redis, served: Any, page: Any,

@@ -383,8 +383,9 @@ class QueueAdmin:
         message is claimed."""
         dropped = bool(int(self._scripts.run("drop")))
         if dropped:
-            # Kept beside the queue's state, by the lease keeper and the dashboard.
-            self.client.delete(self.keys.rollups, self.keys.actions)
+            # Kept beside the queue's state, by the lease keeper, the dashboard and adapters.
+            k = self.keys
+            self.client.delete(k.rollups, k.actions, k.failures, k.failures_at)
             Registry(self.client, self.config.prefix).forget(self.kind, self.name)
             forget = getattr(self, "_observed", None)  # not written back into a dropped queue
             if forget is not None:

@@ -168,6 +168,17 @@ class QueueKeys:
         """The hash of the queue's per-minute counter snapshots (:mod:`belayq.rollups`)."""
         return f"{self.stats[: -len('stats')]}rollups"
 
+    @property
+    def failures(self) -> str:
+        """The hash of the failed runs a framework's adapter recorded (:mod:`belayq.failures`),
+        one JSON record per job id."""
+        return f"{self.stats[: -len('stats')]}failures"
+
+    @property
+    def failures_at(self) -> str:
+        """The sorted set of those job ids, scored by when each failed (ms)."""
+        return f"{self.stats[: -len('stats')]}failures:at"
+
     def trace(self, message_id: str) -> str:
         """The string holding a message's trace context (``belayq.otel``): it shares the
         keys' prefix and slot, and expires on its own."""

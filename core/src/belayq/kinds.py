@@ -24,7 +24,8 @@ GROUP = "belayq.kinds"
 
 
 class KindTools(Protocol):
-    """A framework's part of the tools' work on a queue of its kind."""
+    """A framework's part of the tools' work on a queue of its kind (each method optional:
+    the tools call those present)."""
 
     def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
         """Delete the queue's waiting messages as the framework's own purge would (with
@@ -37,7 +38,7 @@ class KindTools(Protocol):
         soonest first: ``id``, ``due_in_s`` and what describes the message."""
         ...
 
-    # Optional, read by the metrics when present:
+    # Read by the metrics when present:
     # published_ms(queue, entry: bytes) -> float | None: when the ready list's entry was
     #     published (ms since the epoch), from what the framework keeps (one small read);
     # failed_count(queue) -> int: the size of the framework's own failed registry
@@ -57,7 +58,8 @@ class KindConsole(Protocol):
         ...
 
     def retry_failed(self, queue: AnyQueue, ids: list[str]) -> int:
-        """Requeue failed jobs as the framework would; how many were requeued."""
+        """Requeue failed jobs as the framework would; how many were requeued (absent: the
+        dashboard offers no requeue, and says why)."""
         ...
 
     def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:

@@ -1,10 +1,12 @@
 """The exporter's metrics of a Celery queue on belayq://, with a real ``celery worker``:
 failed tasks, which Celery acks like the others, are counted apart (from the process that
-ran them: the prefork pool's child, or the solo worker), and the queue wait and run time of
+ran them: the prefork pool's child, or the solo worker) and recorded with their tracebacks,
+and the queue wait and run time of
 the messages belayq:// published."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 import redis
 
+from belayq import failures
 from belayq.discovery import list_queues, open_found
 from belayq.metrics import QueueCollector
 from tests.support import wait_for
@@ -61,5 +64,18 @@ def test_failed_celery_tasks_are_counted_apart_from_the_acks(
     m = wait_for(settled, 30, w.text)
     assert m[("belayq_acked_total", lab)] == 3  # Celery acked all three
     assert m[("belayq_failed_total", lab)] == 2
+    # ... and each failed run is recorded with its traceback, for the dashboard
+    assert m[("belayq_framework_failed", lab)] == 2
+    [found] = [f for f in list_queues(conn, kind="kombu") if f.name == kq]
+    q = open_found(conn, found)
+    records = {r["id"]: r for r in failures.newest(q, 10)}
+    assert set(records) == {r.id for r in sent[:2]}
+    for i, r in enumerate(sent[:2]):
+        rec = records[r.id]
+        assert (rec["framework"], rec["task"], rec["args"]) == ("celery", mod.boom.name, f"({i},)")
+        assert rec["reason"] == f"ValueError: task {i} always fails"
+        assert "Traceback" in rec["exc_info"] and f"task {i} always fails" in rec["exc_info"]
+        assert rec["message_id"] and re.fullmatch(r"\S+@\S+ pid \d+", rec["worker"])
+        assert rec["retries"] == 0 and rec["failed_at_ms"] > 0
     assert m[("belayq_published_total", lab)] == 3
     assert m[("belayq_queue_wait_seconds_sum", lab)] >= 2.7  # each waited over a second

@@ -262,7 +262,7 @@ def _confirmed(args: argparse.Namespace, what: str) -> bool:
 
 def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
     found, q = _queue(client, args)
-    tools = tools_for(found.kind)
+    tools = getattr(tools_for(found.kind), "purge", None)
     if found.kind in FRAMEWORK_PURGE and tools is None:
         raise CliError(f"purging a queue of kind {found.kind} deletes what its framework keeps "
                        f"beside it ({FRAMEWORK_PURGE[found.kind]}): install its adapter "
@@ -275,7 +275,7 @@ def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
         print("not confirmed: nothing deleted", file=sys.stderr)
         return NOTHING
     if tools is not None:
-        counts = tools.purge(q, delayed=args.delayed)
+        counts = tools(q, delayed=args.delayed)
     elif count:
         purged = q.purge(on_batch=_progress, delayed=args.delayed)
         counts = {"ready": purged.ready, "delayed": purged.delayed}

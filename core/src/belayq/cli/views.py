@@ -93,9 +93,9 @@ def delayed(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
     those the queue's framework holds back itself (RQ's scheduled jobs, through its
     adapter's tools: :mod:`belayq.kinds`)."""
     rows = [row for p in parts_of(q) for row in _delayed(p, limit)]
-    tools = tools_for(q.kind)
-    if tools is not None:
-        rows += tools.delayed(q, limit)
+    framework_delayed = getattr(tools_for(q.kind), "delayed", None)
+    if framework_delayed is not None:
+        rows += framework_delayed(q, limit)
     return sorted(rows, key=lambda row: float(row["due_in_s"]))[:limit]
 
 

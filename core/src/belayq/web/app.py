@@ -310,6 +310,9 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         if tools is None:
             raise ConfigError(f"the framework of {q.name!r} ({q.kind}) keeps no failed jobs "
                               "of its own here: its failures are the dead letters")
+        if not hasattr(tools, call):
+            raise ConfigError(f"the failed runs of {q.name!r} ({q.kind}) are not requeued "
+                              "from here: a task is retried by its own retry policy")
         if ids is None:
             ids = [row["id"] for row in tools.failed(q, FAILED_AT_ONCE)]
         return int(getattr(tools, call)(q, ids))

@@ -176,12 +176,14 @@ def _oldest(ages: list[float | None]) -> float | None:
 
 
 def failed(q: AnyQueue, limit: int) -> dict[str, Any] | None:
-    """The framework's own failures (RQ's failed job registry), newest first; None for a
-    kind that keeps none."""
+    """The framework's own failures (RQ's failed job registry, the failed runs the Celery
+    adapter records), newest first, and whether they can be requeued; None for a kind that
+    keeps none."""
     tools = console_for(q.kind)
     if tools is None:
         return None
-    return {"count": tools.failed_count(q), "rows": tools.failed(q, limit)}
+    return {"count": tools.failed_count(q), "rows": tools.failed(q, limit),
+            "can_retry": hasattr(tools, "retry_failed")}
 
 
 # -- one message -----------------------------------------------------------------------

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 import time
 from typing import Any
 
-from belayq import Delivery
+from belayq import Delivery, failures
 from belayq.sent import Answer
+from belayq.sharded import parts_of
 
 from . import celery_state
 from .tags import ALL_TAGS
@@ -85,20 +87,30 @@ class PoolChild:
                 self._close()
                 self._quiet_until = time.monotonic() + QUIET_AFTER_FAILURE_S
 
-    def report_failed(self, app: Any, claim: Any) -> None:
+    def report_failed(self, app: Any, claim: Any, task_id: str | None,
+                      fields: dict[str, Any]) -> None:
         """Count the failed run of ``claim`` (a :data:`CLAIM_PROPERTY` value) in its
-        queue's ``failed`` counter: Celery acks a failed task like a successful one, so the
-        transport alone cannot tell them apart. One round trip, on failures only; a failure
-        that cannot be written is logged and not counted."""
+        queue's ``failed`` counter, and record it (``fields``: the task, its arguments, the
+        exception and its traceback) for the tools (:mod:`belayq.failures`): Celery acks a
+        failed task like a successful one, so the transport alone cannot tell them apart.
+        One round trip, on failures only; a failure that cannot be written is logged and
+        not counted."""
         try:
-            queue = str(claim[0])
+            queue, msg_id = str(claim[0]), str(claim[1])
         except (TypeError, IndexError):
             return
         with self._lock:
             try:
                 q = self._channel(app).queue(queue)
                 q.count_failed()
-                q.flush_observations()
+                with parts_of(q)[0].client.pipeline(transaction=False) as pipe:
+                    q.flush_observations(pipeline=pipe)
+                    if task_id:
+                        failures.record(q, task_id, int(time.time() * 1000),
+                                        {**fields, "message_id": msg_id}, pipe=pipe)
+                    pipe.execute()
+                if task_id:
+                    failures.trim(q)
             except Exception as exc:  # the metrics must never fail a task's handling
                 log.warning("could not count a failed task of %s (%r)", queue, exc)
                 self._close()
@@ -154,11 +166,37 @@ def _on_task_prerun(task: Any = None, **_: Any) -> None:
         POOL_CHILD.report(task.app, claim)
 
 
-def _on_task_failure(sender: Any = None, **_: Any) -> None:
-    props = getattr(getattr(sender, "request", None), "properties", None)
+def _on_task_failure(sender: Any = None, task_id: str | None = None, exception: Any = None,
+                     einfo: Any = None, **_: Any) -> None:
+    request = getattr(sender, "request", None)
+    props = getattr(request, "properties", None)
     claim = props.get(CLAIM_PROPERTY) if isinstance(props, dict) else None
     if claim is not None:
-        POOL_CHILD.report_failed(sender.app, claim)
+        POOL_CHILD.report_failed(sender.app, claim, task_id, failure_fields(
+            sender, request, exception, einfo))
+
+
+def failure_fields(task: Any, request: Any, exception: Any, einfo: Any) -> dict[str, Any]:
+    """What the record of a failed run keeps (:mod:`belayq.failures`): the task's name,
+    its arguments as Celery shows them (``argsrepr``, ``kwargsrepr``), the exception, its
+    traceback, the retries so far, and the worker that ran it."""
+    def shown(name: str, value: Any) -> str | None:
+        text = getattr(request, name, None)
+        return text if isinstance(text, str) else (repr(value) if value is not None else None)
+
+    return {
+        "framework": "celery",
+        "task": getattr(task, "name", None),
+        "args": shown("argsrepr", getattr(request, "args", None)),
+        "kwargs": shown("kwargsrepr", getattr(request, "kwargs", None)),
+        "reason": f"{type(exception).__name__}: {exception}" if exception is not None else None,
+        "exc_info": str(getattr(einfo, "traceback", "") or "") or None,
+        "retries": getattr(request, "retries", None),
+        "root_id": getattr(request, "root_id", None),
+        "parent_id": getattr(request, "parent_id", None),
+        "worker": f"{getattr(request, 'hostname', None) or socket.gethostname()} "
+                  f"pid {os.getpid()}",
+    }
 
 
 def connect_signals() -> None:

@@ -85,6 +85,16 @@ function payloadHtml(p) {
 
 function frameworkHtml(f) {
   if (!f) return "";
+  if (f.framework === "celery") {
+    return "<h3>Celery's failed run</h3><dl>" +
+      field("task", f.task, "job-function") + field("status", f.status, "job-status") +
+      field("task id", f.id) + field("message id", f.message_id) +
+      field("failed", at(f.failed_at_ms)) + field("retries", f.retries) +
+      field("worker", f.worker) + field("root id", f.root_id) + field("parent id", f.parent_id) +
+      field("args", code(f.args), null, true) + field("kwargs", code(f.kwargs), null, true) +
+      field("exception", f.reason, "job-reason") + "</dl>" +
+      block("traceback", f.exc_info, "exc-info");
+  }
   return "<h3>RQ's job record</h3><dl>" +
     field("function", f.function, "job-function") + field("status", f.status, "job-status") +
     field("description", f.description) + field("origin", f.origin) +

@@ -141,12 +141,13 @@ function lists(kind, d) {
   if (ff) {
     renderInto($("list-framework-failed"), table([idCol, ["task", (r) => esc(r.task)],
       ["failed at", (r) => esc(when(r.failed_at_ms)), "when"], ["reason", (r) => esc(r.reason)],
-      ["", (r) => `<button type="button" data-action="retry" data-id="${esc(r.id)}" ` +
-        `data-focus="retry:${esc(r.id)}" data-testid="retry-one">Requeue</button> ` +
+      ["", (r) => (ff.can_retry ? `<button type="button" data-action="retry" data-id="${esc(r.id)}" ` +
+        `data-focus="retry:${esc(r.id)}" data-testid="retry-one">Requeue</button> ` : "") +
         `<button type="button" class="danger" data-action="delete-failed" data-id="${esc(r.id)}" ` +
         `data-focus="delete-failed:${esc(r.id)}" data-testid="delete-failed-one">Delete</button>`, "buttons"]],
     ff.rows));
     $("framework-failed-count").textContent = `(${plural(ff.count, "job")})`;
+    $("retry-all").hidden = !ff.can_retry;
   }
   const off = d.history_max === 0 ? historyOff(kind) : null;
   renderInto($("list-completed"), table([idCol, ["result", (r) => esc(r.result)],
@@ -200,9 +201,12 @@ export function open(id, kind = shown && shown.kind, name = shown && shown.name)
         { label: "Delete", testid: "message-delete", danger: true, run: () => deleteDead(id) });
     }
     if (m.framework && m.framework.status === "failed") {
-      buttons.push({ label: "Requeue", testid: "message-retry", run: () => retry(id) },
-        { label: "Delete", testid: "message-delete-failed", danger: true,
-          run: () => deleteFailed(id) });
+      const ff = shown && shown.detail && shown.detail.framework_failed;
+      if (ff && ff.can_retry) {
+        buttons.push({ label: "Requeue", testid: "message-retry", run: () => retry(id) });
+      }
+      buttons.push({ label: "Delete", testid: "message-delete-failed", danger: true,
+        run: () => deleteFailed(id) });
     }
     return buttons;
   });
