@@ -3,14 +3,17 @@ holding leases, read by the exporter's collector from a real redis-server."""
 
 from __future__ import annotations
 
+import multiprocessing
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
+from belayq.holders import consumer_member
 from belayq.keys import kombu_layout
 from belayq.metrics import QueueCollector
 from tests.conftest import flushed_client
@@ -82,25 +85,51 @@ def test_failed_runs_are_counted_beside_the_acks(client: redis.Redis) -> None:
     assert (m[("belayq_acked_total", lab)], m[("belayq_failed_total", lab)]) == (1, 1)
 
 
+def _hold_in_child(port: int, out: Any) -> None:
+    child = ReliableQueue(redis.Redis(port=port), "jobs", keeper=False)
+    [d] = child.claim(timeout=0)
+    child.heartbeat()
+    out.put((d.id, consumer_member()))
+
+
 def test_consumers_holding_leases(client: redis.Redis) -> None:
+    """A consumer is a process: its queue objects count once; it is counted while it holds
+    leases (registered at its claim and at each beat), out at the first beat at which none
+    of its objects holds any, and not counted once it stopped beating for a lease."""
     q1 = ReliableQueue(client, "jobs", keeper=False)
-    q2 = ReliableQueue(client, "jobs", keeper=False)
+    q2 = ReliableQueue(client, "jobs", keeper=False)  # another object of this process
     idle = ReliableQueue(client, "jobs", keeper=False)
-    q1.publish_many([b"a", b"b"])
+    q1.publish_many([b"a", b"b", b"c"])
     [d1] = q1.claim(timeout=0)
     [d2] = q2.claim(timeout=0)
     for q in (q1, q2, idle):
         q.heartbeat()  # what the lease keeper does every beat
     lab = (("kind", "belayq"), ("queue", "jobs"))
+    assert scrape(q1)[("belayq_consumers", lab)] == 1
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    p = ctx.Process(target=_hold_in_child,
+                    args=(client.connection_pool.connection_kwargs["port"], out))
+    p.start()
+    _, child = out.get(timeout=30)
+    p.join(30)
     assert scrape(q1)[("belayq_consumers", lab)] == 2
     q1.ack(d1)
-    q1.heartbeat()  # holds nothing now: out
+    q1.heartbeat()  # q1 holds nothing, q2 still does: the process stays
+    assert scrape(q1)[("belayq_consumers", lab)] == 2
+    assert consumer_member() in {m.decode() for m in client.zrange(q1.keys.consumers, 0, -1)}
+    q2.close(release=False)  # left, its claim to its lease: this process holds none now
     assert scrape(q1)[("belayq_consumers", lab)] == 1
-    client.zadd(q1.keys.holders, {"gone": int(time.time() * 1000) - 10 * q1.config.lease_ms})
-    assert scrape(q1)[("belayq_consumers", lab)] == 1  # one that stopped beating: not counted
-    q2.close(release=False)  # left, its claim to its lease: no consumer holds any more
+    assert client.zrange(q1.keys.consumers, 0, -1) == [child.encode()]
+    seconds, micros = client.time()
+    stopped = int(seconds) * 1000 + int(micros) // 1000 - 2 * q1.config.lease_ms
+    client.zadd(q1.keys.consumers, {child: stopped}, xx=True)  # it stopped beating
     assert scrape(q1)[("belayq_consumers", lab)] == 0
     assert d2.deliveries == 1
+    q1.publish(b"d")
+    [d3] = q1.claim(timeout=0)  # holding again: registered again at the claim
+    assert scrape(q1)[("belayq_consumers", lab)] == 1
+    q1.ack(d3)
 
 
 def test_oldest_ready_age_of_a_kombu_list(client: redis.Redis) -> None:

@@ -30,7 +30,7 @@ from .errors import (
     client_errors,
 )
 from .errors import redis_errors as _redis_errors
-from .holders import host_name, process_tag
+from .holders import host_name, process_tag, registered, registration_due
 from .keeper import KEEPER
 from .keys import QueueKeys
 from .models import Delivery
@@ -70,8 +70,6 @@ class Consuming(Settling):
     #: The last claim found the queue paused: blocking claims wait on its unpaused list
     #: (see :meth:`blmove_command`) until a claim finds it resumed.
     paused_seen: bool = False
-    #: (pid, monotonic s) of this process's last registration as a consumer of the queue.
-    _registered: tuple[int, float] | None = None
 
     def _claim_args(self, count: int) -> list[Arg]:
         """The claim scripts' arguments; the nonce (ARGV[11]: the consumer's tag, a dot and
@@ -97,17 +95,22 @@ class Consuming(Settling):
         got = self._take(flat)
         if not got or self.config.transient:  # a transient queue leaves nothing behind
             return got
-        pid, now = os.getpid(), time.monotonic()
-        last = self._registered
-        if last is not None and last[0] == pid and now < last[1]:
-            return got
+        if registration_due(self.client, self.keys.consumers):
+            self._register()
+        return got
+
+    def _register(self) -> None:
+        """Register this process as a consumer of the queue (lua/register.lua: its record
+        scored by the server's clock, which the metrics read); a registration that fails is
+        tried again after :data:`HOLDER_RETRY_S`."""
+        again_in = HOLDER_REFRESH_S
         try:
-            self._scripts.run("register", process_tag(), host_name(), pid, CONSUMERS_KEPT)
-            self._registered = (pid, now + HOLDER_REFRESH_S)
+            self._scripts.run("register", process_tag(), host_name(), os.getpid(),
+                              CONSUMERS_KEPT)
         except _NOT_REGISTERED as exc:
             log.debug("consumer of %s not registered (tried again later): %s", self.name, exc)
-            self._registered = (pid, now + HOLDER_RETRY_S)
-        return got
+            again_in = HOLDER_RETRY_S
+        registered(self.client, self.keys.consumers, again_in)
 
     def _noted(self, due_ms: int) -> int:
         """Note whether a claim reply (its ``next_due_ms``) found the queue paused."""

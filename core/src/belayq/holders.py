@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,26 @@ from typing import Any
 from .models import text as _text
 
 _TAG: tuple[int, str] | None = None  # (pid, tag): a fork gets a tag of its own
+
+#: This process's registrations: (client id, consumers key) -> when to register again
+#: (monotonic s). Shared by the process's queue objects, since the record is the process's.
+_DUE: dict[tuple[int, str], float] = {}
+os.register_at_fork(after_in_child=_DUE.clear)  # a child is a consumer of its own
+
+
+def registration_due(client: Any, key: str) -> bool:
+    """Whether this process should register (again) in the consumers set ``key``."""
+    return time.monotonic() >= _DUE.get((id(client), key), 0.0)
+
+
+def registered(client: Any, key: str, again_in_s: float) -> None:
+    """Note that this process registered in ``key`` (or tried): again in ``again_in_s``."""
+    _DUE[(id(client), key)] = time.monotonic() + again_in_s
+
+
+def unregistered(client: Any, key: str) -> None:
+    """Note that this process's record in ``key`` was taken out: the next claim registers."""
+    _DUE.pop((id(client), key), None)
 
 
 def process_tag() -> str:
@@ -32,6 +53,12 @@ def host_name() -> str:
     """This host's name as a consumer record keeps it (no spaces; ``unknown`` if empty)."""
     name = "".join(c for c in socket.gethostname() if c.isprintable() and not c.isspace())
     return name[:255] or "unknown"
+
+
+def consumer_member() -> str:
+    """This process's record in a queue's consumers set: ``"<tag> <host> <pid>"`` (as
+    lua/register.lua writes it)."""
+    return f"{process_tag()} {host_name()} {os.getpid()}"
 
 
 def tag_of(token: str) -> str | None:

@@ -21,7 +21,7 @@ from .keeper import KEEPER
 from .keys import QueueKeys
 from .models import Delivery, SweepResult
 from .models import text as _text
-from .observing import Observing, new_consumer_id, published_ms_of
+from .observing import Observing, published_ms_of
 from .scripts import ScriptRunner
 from .sent import Sent
 
@@ -55,7 +55,6 @@ def _relock_after_fork() -> None:
         q._unsettled = []
         q._observed.reset()
         q._holding_since_beat = False
-        q._consumer_id = new_consumer_id()
 
 
 os.register_at_fork(after_in_child=_relock_after_fork)

@@ -64,8 +64,6 @@ class QueueKeys:
         history_failed: List of the last dead-lettered messages, newest first.
         observed: Hash of what the consumers observed for the metrics: histogram buckets,
             runs the framework reported failed... (:mod:`belayq.observing`).
-        holders: Sorted set consumer -> the time of its last lease keeper beat while it held
-            leases (ms, the consumer's clock), for the metrics (:mod:`belayq.observing`).
         history_control: List of the last pauses and resumes, newest first.
         unpaused: List that holds the bell from a resume until the next pause: consumers
             that found the queue paused block on it (BLMOVE onto itself, so one bell wakes
@@ -87,7 +85,6 @@ class QueueKeys:
     history_done: str
     history_failed: str
     observed: str
-    holders: str
     history_control: str
     unpaused: str
     consumers: str
@@ -146,7 +143,6 @@ class QueueKeys:
             history_done=f"{base}history:done",
             history_failed=f"{base}history:failed",
             observed=f"{base}observed",
-            holders=f"{base}holders",
             history_control=f"{base}history:control",
             unpaused=f"{base}unpaused",
             consumers=f"{base}consumers",

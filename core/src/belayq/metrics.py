@@ -102,9 +102,9 @@ def published_ms_of_entry(q: ReliableQueue, entry: bytes) -> float | None:
 
 
 def consumers(q: ReliableQueue, now_ms: int) -> int:
-    """The consumers holding leases: those whose keeper beat within a lease (see
-    :mod:`belayq.observing`; O(consumers))."""
-    return len(q.client.zrangebyscore(q.keys.holders, now_ms - q.config.lease_ms, "+inf"))
+    """The consumers holding leases: those registered within a lease (at a claim, or at a
+    lease keeper beat while they hold leases: see :mod:`belayq.observing`); O(log n)."""
+    return int(q.client.zcount(q.keys.consumers, now_ms - q.config.lease_ms, "+inf"))
 
 
 def oldest_lease_age_s(q: ReliableQueue, now_ms: int) -> float | None:

@@ -14,9 +14,13 @@ and adds the buckets up: O(buckets) per queue.
 Fields (``<h>`` is ``wait`` or ``run``): ``<h>_le_<bound>`` (observations in that bucket
 only, not cumulative; ``<h>_le_inf`` above the last bound), ``<h>_sum_us`` (the sum, µs),
 and the counters ``failed`` and ``published`` (the latter for queues whose producers never
-go through belayq, counted at a message's first claim). Holders: the zset
-``QueueKeys.holders``, consumer -> the time of its last beat while it held leases (ms, its
-own clock).
+go through belayq, counted at a message's first claim).
+
+The consumers that hold leases are the queue's consumer records (``QueueKeys.consumers``,
+:mod:`belayq.holders`), which also tell who holds each lease: a process registers at its
+first claim, again at each lease keeper beat while it holds leases (scored by the server's
+clock, so the exporter counts those registered within a lease), and its record is taken out
+at the first beat at which none of its queue objects holds any.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from .config import QueueConfig
 from .errors import CLIENT_ERROR
+from .holders import consumer_member, unregistered
 from .keys import QueueKeys
 from .models import Delivery
 
@@ -65,9 +70,19 @@ def published_ms_of(msg_id: str) -> int | None:
         return None
 
 
-def new_consumer_id() -> str:
-    """A name for one queue object of one process in the holders set."""
-    return f"{os.getpid()}:{os.urandom(6).hex()}"
+#: This process's queue objects that held leases at their last beat, by consumers key: the
+#: process's record stays while any of them holds some.
+_HOLDING: dict[str, set[int]] = {}
+_HOLDING_LOCK = threading.Lock()
+
+
+def _forget_holding_after_fork() -> None:
+    global _HOLDING_LOCK
+    _HOLDING.clear()
+    _HOLDING_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_holding_after_fork)
 
 
 def bucket_field(histogram: str, bound: float | None) -> str:
@@ -164,8 +179,7 @@ class Observing:
     config: QueueConfig
     _held: dict[str, Delivery]
     _observed: Observations
-    _consumer_id: str
-    #: Whether this consumer is in the queue's holders set (see :meth:`_note_holding`).
+    #: Whether this queue object held leases at its last beat (see :meth:`_note_holding`).
     _holding_since_beat: bool = False
 
     def first_claimed(
@@ -231,27 +245,28 @@ class Observing:
             self._observed.give_back(fields)
 
     def _note_holding(self) -> None:
-        """Keep this consumer in the queue's holders set while it holds leases (its beat's
-        time; the exporter counts those that beat within a lease), and take it out once it
-        holds none. Entries of consumers that stopped beating long ago are trimmed."""
+        """While this queue object holds leases, register the process again as a consumer
+        of the queue (each beat); once no queue object of the process holds any on it, take
+        its record out, and let its next claim register it again."""
         holding = bool(self._held)
         if not holding and not self._holding_since_beat:
             return
-        now = int(time.time() * 1000)
-        me = self._consumer_id
-        try:
-            with self.client.pipeline(transaction=False) as pipe:
-                if holding:
-                    pipe.zadd(self.keys.holders, {me: now})
-                    pipe.zrangebyscore(self.keys.holders, "-inf",
-                                       now - 10 * self.config.lease_ms, start=0, num=16)
-                else:
-                    pipe.zrem(self.keys.holders, me)
-                replies = pipe.execute()
-            if holding and replies[1]:
-                self.client.zrem(self.keys.holders, *replies[1])
-        except CLIENT_ERROR as exc:
-            log.debug("holders of %s not updated: %r", self.name, exc)
-            return
+        key = self.keys.consumers
+        with _HOLDING_LOCK:
+            objects = _HOLDING.setdefault(key, set())
+            (objects.add if holding else objects.discard)(id(self))
+            others = bool(objects - {id(self)})
+            if not objects:
+                del _HOLDING[key]
         self._holding_since_beat = holding
+        if holding:
+            self._register()  # type: ignore[attr-defined]  # the queue's (consuming.py)
+            return
+        if others:
+            return
+        try:
+            self.client.zrem(key, consumer_member())
+        except CLIENT_ERROR as exc:
+            log.debug("consumer record of %s not taken out: %r", self.name, exc)
+        unregistered(self.client, key)  # the next claim registers again
 

@@ -23,7 +23,7 @@ from .holding import FORKABLE
 from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
 from .models import Delivery, SweepResult
-from .observing import Observations, new_consumer_id
+from .observing import Observations
 from .publishing import Publishing
 from .registry import (
     KEPT_FIELDS,
@@ -127,7 +127,6 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         self._unsettled: list[tuple[str, Delivery, str]] = []
         self._lock = threading.Lock()
         self._observed = Observations()
-        self._consumer_id = new_consumer_id()
         FORKABLE.add(self)
         self._connect()
 
