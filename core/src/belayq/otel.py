@@ -33,19 +33,15 @@ Nothing here is imported by belayq itself, and an uninstrumented queue runs none
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import contextvars
 import functools
-import json
 import logging
-import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
     BaseInstrumentor,  # its __all__ leaves it out
 )
@@ -53,10 +49,21 @@ from opentelemetry.trace import Link, SpanKind
 
 from . import __version__
 from .holding import HeldClaims
-from .models import Delivery, entry_id
+from .models import Delivery
+from .otel_context import (
+    CONTEXTS,
+    carrier_of,
+    context_of,
+    context_value,
+    producers,
+    published_id,
+    store,
+    trace_key,
+)
 from .publishing import Publishing
-from .sent import pool_connection
 from .settling import Settling
+
+log = logging.getLogger("belayq")
 
 SYSTEM = "belayq"
 #: How long a message's trace context is kept by default (s): a message claimed later than
@@ -66,85 +73,9 @@ CONTEXT_TTL_S = 86_400
 #: the instrumentation's :class:`_Tracing` when ``instrument()`` runs and returns what
 #: undoes it.
 HOOKS = "belayq.otel"
-#: Claims whose producer context is kept in this process until they are settled.
-_KEPT_MAX = 10_000
-
-_Claim = tuple[str, str, str]  # (queue, id, token)
-
-
-def _claim_key(d: Delivery) -> _Claim:
-    return (d.queue, d.id, d.token)
-
-
-class _Contexts:
-    """The producer contexts of the claims this process holds, for :func:`context_of`."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: collections.OrderedDict[_Claim, otel_context.Context] = (
-            collections.OrderedDict()
-        )
-
-    def keep(self, d: Delivery, ctx: otel_context.Context) -> None:
-        with self._lock:
-            self._kept[_claim_key(d)] = ctx
-            while len(self._kept) > _KEPT_MAX:
-                self._kept.popitem(last=False)
-
-    def get(self, d: Delivery) -> otel_context.Context | None:
-        with self._lock:
-            return self._kept.get(_claim_key(d))
-
-    def drop(self, deliveries: Sequence[Delivery]) -> None:
-        with self._lock:
-            for d in deliveries:
-                self._kept.pop(_claim_key(d), None)
-
-
-_CONTEXTS = _Contexts()
-log = logging.getLogger("belayq")
-
-
-def _nothing() -> None:
-    return None
-
 #: Inside a settle span: a settle call it makes (a send that falls back to a waited ack)
 #: opens no second one.
 _SETTLING: contextvars.ContextVar[bool] = contextvars.ContextVar("belayq_settling", default=False)
-
-
-def context_of(delivery: Delivery) -> otel_context.Context:
-    """The context to run ``delivery``'s message under: its publisher's, so a span started
-    with it joins the trace that published the message. The current context when the
-    message carries none (published without instrumentation, or its context expired)."""
-    found = _CONTEXTS.get(delivery)
-    return found if found is not None else otel_context.get_current()
-
-
-def carrier_of(delivery: Delivery) -> dict[str, str]:
-    """The W3C trace headers (``traceparent``, ``tracestate``) of the trace that published
-    ``delivery``'s message; empty when it carries none. The adapters hand them to the
-    framework's own task headers, so its instrumentation joins the trace too."""
-    found = _CONTEXTS.get(delivery)
-    carrier: dict[str, str] = {}
-    if found is not None:
-        propagate.inject(carrier, context=found)
-    return carrier
-
-
-def _published_id(group: Sequence[Any], inline: bool) -> str:
-    """The id a publish's message will have: the one drawn for it, or, in a queue whose lists
-    hold the payloads, the payload's own (see :func:`~belayq.models.entry_id`)."""
-    if not inline:
-        return str(group[0])
-    payload = group[1]
-    return entry_id(payload.encode("utf-8") if isinstance(payload, str) else bytes(payload),
-                    inline)
-
-
-def _trace_key(queue: Any, message_id: str) -> str:
-    key: str = queue.keys.trace(message_id)
-    return key
 
 
 def _base(queue: Any, operation: str) -> dict[str, Any]:
@@ -170,60 +101,27 @@ class _Tracing:
 
     # -- send --------------------------------------------------------------------------
 
+    def context_value(self) -> str | None:
+        """The current context as a trace key holds it (for the adapters' hooks)."""
+        return context_value()
+
+    def store(self, client: Any, keys: Sequence[str]) -> Callable[[], None]:
+        """Write the current context to the trace keys ``keys`` (for the adapters' hooks:
+        see :func:`belayq.otel_context.store`)."""
+        return store(client, keys, context_value(), self.ttl_ms)
+
     def _store(self, queue: Any, ids: Sequence[str]) -> Callable[[], None]:
         """Write the current context as the context of messages ``ids``, sent before the
         publish goes out and read after it, so it costs no round trip of its own (a cluster
         client waits for it). Returns what reads the reply (call it once)."""
-        return self.store(queue.client, [_trace_key(queue, i) for i in ids])
-
-    def context_value(self) -> str | None:
-        """The current context as a trace key holds it; None when there is none."""
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        return json.dumps(carrier, separators=(",", ":")) if carrier else None
-
-    def store(self, client: Any, keys: Sequence[str]) -> Callable[[], None]:
-        """Write the current context to the trace keys ``keys`` (see :meth:`_store`)."""
-        value = self.context_value()
-        if value is None or not keys:
-            return _nothing
-        commands = [("SET", key, value, "PX", self.ttl_ms) for key in keys]
-        pool = getattr(client, "connection_pool", None)
-        if pool is None:  # a cluster client routes each key itself
-            try:
-                with client.pipeline(transaction=False) as pipe:
-                    for command in commands:
-                        pipe.execute_command(*command)
-                    pipe.execute()
-            except Exception as exc:  # tracing never fails a publish
-                log.debug("could not store the trace context at %s: %s", keys, exc)
-            return _nothing
-        conn = pool_connection(pool)
-        try:
-            conn.send_packed_command(conn.pack_commands(commands))
-        except Exception as exc:  # tracing never fails a publish
-            conn.disconnect()
-            pool.release(conn)
-            log.debug("could not store the trace context at %s: %s", keys, exc)
-            return _nothing
-
-        def read() -> None:
-            try:
-                for _ in commands:
-                    conn.read_response()
-            except Exception as exc:
-                conn.disconnect()
-                log.debug("could not store the trace context at %s: %s", keys, exc)
-            finally:
-                pool.release(conn)
-
-        return read
+        return store(queue.client, [trace_key(queue, i) for i in ids], context_value(),
+                     self.ttl_ms)
 
     def publish_groups(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(queue: Any, groups: Any) -> Any:
             inline = queue.config.payload_in_list
-            finish = self._store(queue, [_published_id(g, inline) for g in groups])
+            finish = self._store(queue, [published_id(g, inline) for g in groups])
             try:
                 return original(queue, groups)
             finally:
@@ -261,35 +159,19 @@ class _Tracing:
 
     # -- receive -----------------------------------------------------------------------
 
-    def _producers(self, queue: Any, got: Sequence[Delivery]) -> list[otel_context.Context]:
-        try:
-            raw = queue.client.mget([_trace_key(queue, d.id.split(" #")[0]) for d in got])
-        except Exception:  # tracing never fails a claim
-            return [otel_context.Context() for _ in got]
-        out = []
-        for value in raw:
-            carrier: dict[str, str] = {}
-            if value:
-                try:
-                    carrier = json.loads(value)
-                except ValueError:
-                    carrier = {}
-            out.append(propagate.extract(carrier, context=otel_context.Context()))
-        return out
-
     def take(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
         def wrapper(queue: Any, flat: Any) -> Any:
             got: list[Delivery] = original(queue, flat)
             if not got:
                 return got
-            producers = self._producers(queue, got)
+            contexts = producers(queue, got)
             links = []
-            for d, ctx in zip(got, producers, strict=True):
+            for d, ctx in zip(got, contexts, strict=True):
                 producer = trace.get_current_span(ctx).get_span_context()
                 if producer.is_valid:
                     links.append(Link(producer, {"messaging.message.id": d.id}))
-                    _CONTEXTS.keep(d, ctx)
+                    CONTEXTS.keep(d, ctx)
             name = queue.sharded_as or queue.name
             attributes = _base(queue, "receive")
             attributes["messaging.operation.name"] = "claim"
@@ -348,7 +230,7 @@ class _Tracing:
                 for d, ok in zip(deliveries, acked, strict=False):
                     if not ok:
                         span.add_event("stale_ack", _claim_attributes(d))
-            _CONTEXTS.drop(deliveries)
+            CONTEXTS.drop(deliveries)
             return acked
 
         return wrapper
@@ -360,7 +242,7 @@ class _Tracing:
                 return original(queue, deliveries, *args, **kwargs)
             with self._settle_span(queue, "ack", list(deliveries)):
                 answer = original(queue, deliveries, *args, **kwargs)
-            _CONTEXTS.drop(deliveries)
+            CONTEXTS.drop(deliveries)
             return answer
 
         return wrapper
@@ -373,43 +255,41 @@ class _Tracing:
             with self._settle_span(queue, "ack", list(deliveries)) as span:
                 span.set_attribute("belayq.in_transaction", True)
                 out = original(queue, pipeline, deliveries, *args, **kwargs)
-            _CONTEXTS.drop(deliveries)
+            CONTEXTS.drop(deliveries)
             return out
 
         return wrapper
 
-    def nack(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(queue: Any, delivery: Any, *args: Any, **kwargs: Any) -> Any:
-            if not isinstance(delivery, Delivery):
-                return original(queue, delivery, *args, **kwargs)
-            with self._settle_span(queue, "nack", [delivery]) as span:
-                outcome = original(queue, delivery, *args, **kwargs)
-                span.set_attribute("belayq.outcome", outcome)
-                if outcome == "dead":
-                    span.add_event("dead_letter", _claim_attributes(delivery))
-                elif outcome == "stale":
-                    span.add_event("stale_ack", _claim_attributes(delivery))
-            _CONTEXTS.drop([delivery])
-            return outcome
+    def _settle_one(self, operation: str, event_of: Callable[[Any], str | None]
+                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """The wrapper of a settle of one claim (``nack``, ``dead_letter``), whose span gets
+        the event ``event_of(outcome)`` names (none for None)."""
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(original)
+            def wrapper(queue: Any, delivery: Any, *args: Any, **kwargs: Any) -> Any:
+                if not isinstance(delivery, Delivery):
+                    return original(queue, delivery, *args, **kwargs)
+                with self._settle_span(queue, operation, [delivery]) as span:
+                    outcome = original(queue, delivery, *args, **kwargs)
+                    if isinstance(outcome, str):
+                        span.set_attribute("belayq.outcome", outcome)
+                    event = event_of(outcome)
+                    if event is not None:
+                        span.add_event(event, _claim_attributes(delivery))
+                CONTEXTS.drop([delivery])
+                return outcome
 
-        return wrapper
+            return wrapper
+
+        return wrap
+
+    def nack(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        events = {"dead": "dead_letter", "stale": "stale_ack"}
+        return self._settle_one("nack", events.get)(original)
 
     def dead_letter(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        @functools.wraps(original)
-        def wrapper(queue: Any, delivery: Any, *args: Any, **kwargs: Any) -> Any:
-            if not isinstance(delivery, Delivery):
-                return original(queue, delivery, *args, **kwargs)
-            with self._settle_span(queue, "dead_letter", [delivery]) as span:
-                dead = original(queue, delivery, *args, **kwargs)
-                if dead:
-                    span.add_event("dead_letter", _claim_attributes(delivery))
-                else:
-                    span.add_event("stale_ack", _claim_attributes(delivery))
-            _CONTEXTS.drop([delivery])
-            return dead
-
-        return wrapper
+        return self._settle_one(
+            "dead_letter", lambda dead: "dead_letter" if dead else "stale_ack")(original)
 
 
 #: (class, method name, the _Tracing method that wraps it)
