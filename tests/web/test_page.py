@@ -158,6 +158,7 @@ def test_a_failed_celery_task_with_its_traceback(client: redis.Redis, served: An
             traceback = page.get_by_test_id("exc-info").inner_text()
             assert traceback.startswith("Traceback")
             assert "ValueError: task 7 always fails" in traceback
+            assert page.get_by_test_id("message-state").inner_text() == "failed"
             assert page.get_by_test_id("job-function").inner_text() == "worker_app.boom"
             assert page.get_by_test_id("job-reason").inner_text() == (
                 "ValueError: task 7 always fails")

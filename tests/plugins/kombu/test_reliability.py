@@ -220,7 +220,7 @@ def test_env_is_clean() -> None:
 def test_a_kept_claim_whose_task_is_gone_is_released(url: str, port: int, kq: str) -> None:
     # What a closed channel keeps for a running task (a connection blip) must not stay
     # leased once no task runs it: here no Celery worker runs anything.
-    from belayq_kombu import tags as claims
+    from belayq_kombu import kept as claims
 
     q = kombu.Queue(kq, routing_key=kq)
     publish(url, q, [{"kept": 1}])

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -16,16 +15,15 @@ from typing import Any
 
 import redis
 
-from ..discovery import Found, NoQueue, find, layout_of, open_found
+from ..discovery import Found, NoQueue, open_found
 from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors, NotPermitted
-from ..keys import SCHEMA_VERSION, QueueKeys
 from ..kinds import tools_for
-from ..models import text as _text
-from ..sharded import AnyQueue, ShardedQueue
+from ..sharded import ShardedQueue
 from . import views
+from .control import cmd_pause, cmd_resume, cmd_upgrade
 from .parser import DONE, ERROR, INTERRUPTED, NOTHING, build
 from .serving import cmd_dashboard, cmd_demo, cmd_exporter
-from .targets import CliError, connect, explain, found_names, redact
+from .targets import CliError, connect, explain, found_names, open_named, redact
 
 __all__ = ["main"]
 
@@ -64,13 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return DONE
     except KeyboardInterrupt:
         return INTERRUPTED
-
-
-def _queue(
-    client: redis.Redis, args: argparse.Namespace, *, keeping: bool = False
-) -> tuple[Found, AnyQueue]:
-    found = find(client, args.queue, args.kind, prefix=args.prefix)
-    return found, open_found(client, found, prefix=args.prefix, keeping=keeping)
 
 
 def _say(args: argparse.Namespace, *lines: str | None) -> None:
@@ -116,7 +107,7 @@ def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = open_named(client, args)
     stats: dict[str, Any] = {
         "kind": found.kind, "queue": found.name, **q.stats(),
         "ready_by_priority": dict(zip(map(str, q.config.priority_steps), q.ready_by_level(),
@@ -152,7 +143,7 @@ def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
+    _, q = open_named(client, args)
     _emit(args, views.in_flight(q, args.limit),
           ("id", "lease_left_s", "deliveries", "attempts", "started", "held_by", "task",
            "task_id", "payload"), f"no message of {q.name} is claimed now")
@@ -160,7 +151,7 @@ def cmd_inspect(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_delayed(client: redis.Redis, args: argparse.Namespace) -> int:
-    _, q = _queue(client, args)
+    _, q = open_named(client, args)
     _emit(args, views.delayed(q, args.limit),
           ("id", "due_in_s", "task", "task_id", "held_by", "payload"),
           f"no delayed message in {q.name}")
@@ -168,7 +159,7 @@ def cmd_delayed(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_dead(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = open_named(client, args)
     rows = views.dead(q, args.limit)
     if not args.json:
         rows = [{**r, "dead_at": views.when(r["dead_at_ms"])} for r in rows]
@@ -178,7 +169,7 @@ def cmd_dead(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_history(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = open_named(client, args)
     if args.control:
         control = q.history("control", args.limit)
         rows: list[dict[str, Any]] = [
@@ -206,7 +197,7 @@ def cmd_history(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = open_named(client, args)
     missing: list[str] = []
     dead_now = q.stats()["dead"]
     if args.id:
@@ -261,7 +252,7 @@ def _confirmed(args: argparse.Namespace, what: str) -> bool:
 
 
 def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = open_named(client, args)
     tools = getattr(tools_for(found.kind), "purge", None)
     if found.kind in FRAMEWORK_PURGE and tools is None:
         raise CliError(f"purging a queue of kind {found.kind} deletes what its framework keeps "
@@ -302,7 +293,7 @@ def _progress(done: int) -> None:
 
 
 def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args)
+    found, q = open_named(client, args)
     if not _confirmed(args, f"delete queue {q.name} and every key of its own"):
         print("not confirmed: nothing deleted", file=sys.stderr)
         return NOTHING
@@ -315,39 +306,6 @@ def cmd_drop(client: redis.Redis, args: argparse.Namespace) -> int:
     else:
         print(f"dropped {q.name}")
     return DONE
-
-
-def cmd_pause(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args, keeping=True)  # recorded in its history, as its own are
-    changed = q.pause(_by())
-    if args.json:
-        print(json.dumps({"queue": q.name, "kind": found.kind, "paused": True,
-                          "changed": changed}))
-    elif changed:
-        print(f"paused {q.name}: its consumers are handed nothing until `belayq resume`; "
-              "publishing goes on, and the claims held now are extended and settled as usual")
-    else:
-        print(f"{q.name} was paused already: nothing changed")
-    return DONE
-
-
-def cmd_resume(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = _queue(client, args, keeping=True)
-    changed = q.resume(_by())
-    if args.json:
-        print(json.dumps({"queue": q.name, "kind": found.kind, "paused": False,
-                          "changed": changed}))
-    elif changed:
-        print(f"resumed {q.name}: its consumers claim again")
-    else:
-        print(f"{q.name} was not paused: nothing changed")
-    return DONE
-
-
-def _by() -> str:
-    """Who pauses or resumes, for the queue's record: the user, host and pid of this CLI."""
-    user = "".join(c for c in os.environ.get("USER", "") if c.isprintable())[:40]
-    return (f"{user}@" if user else "") + f"{socket.gethostname()[:100]}:{os.getpid()} (cli)"
 
 
 def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
@@ -366,42 +324,6 @@ def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
         if args.count and shown >= args.count:
             return DONE
         time.sleep(args.interval)
-
-
-def cmd_upgrade(client: redis.Redis, args: argparse.Namespace) -> int:
-    from ..upgrade import upgrade_schema1
-
-    kind = "belayq" if args.kind == "auto" else args.kind
-    # Schema 1 named its keys as schema 2 does: the layout says where they are.
-    layout = {k: v for k, v in layout_of(kind, args.queue, prefix=args.prefix).items()
-              if k not in ("priority_steps", "kind")}
-    levels = list(layout.get("level_keys") or ())
-    stats_key = QueueKeys.build(args.queue, prefix=layout.get("prefix", args.prefix),
-                                steps=1 + len(levels), ready_key=layout.get("ready_key"),
-                                level_keys=levels).stats
-    schema = client.hget(stats_key, "schema")
-    if schema is None:
-        raise CliError(f"no queue {args.queue!r} of kind {kind} is here ({stats_key!r} does not "
-                       "exist; --kind names another kind)")
-    if int(schema) == SCHEMA_VERSION:
-        if args.json:
-            print(json.dumps({"queue": args.queue, "kind": kind, "schema": SCHEMA_VERSION,
-                              "upgraded": False}))
-        else:
-            print(f"queue {args.queue!r} is already at schema {SCHEMA_VERSION}: nothing to do")
-        return DONE
-    if int(schema) != 1:
-        raise CliError(f"queue {args.queue!r} is at key schema {_text(schema)}, which this "
-                       f"belayq cannot upgrade (it upgrades 1 to {SCHEMA_VERSION})")
-    counts = upgrade_schema1(client, args.queue, **layout)
-    if args.json:
-        print(json.dumps({"queue": args.queue, "kind": kind, "schema": SCHEMA_VERSION,
-                          "upgraded": True, **counts}))
-        return DONE
-    print(f"queue {args.queue!r} is at schema {SCHEMA_VERSION}: {counts['returned']} claim(s) "
-          f"put back, {counts['messages']} message record(s) rewritten, {counts['dead']} dead "
-          "letter(s)")
-    return DONE
 
 
 COMMANDS: dict[str, Callable[[redis.Redis, argparse.Namespace], int]] = {

@@ -11,8 +11,9 @@ import urllib.parse
 
 import redis
 
-from ..discovery import Found, find, list_queues
+from ..discovery import Found, find, list_queues, open_found
 from ..errors import BelayqError, ConnectionLost, NotPermitted
+from ..sharded import AnyQueue
 
 #: URL schemes the command takes, and the redis-py scheme each one means.
 SCHEMES = {"redis": "redis", "rediss": "rediss", "unix": "unix", "belayq": "redis",
@@ -198,3 +199,12 @@ def found_names(client: redis.Redis, args: argparse.Namespace) -> list[Found]:
     names = getattr(args, "queue", None) or []
     return ([find(client, n, args.kind, prefix=args.prefix) for n in names]
             or list_queues(client, args.prefix, kind_filter(args.kind)))
+
+
+def open_named(
+    client: redis.Redis, args: argparse.Namespace, *, keeping: bool = False
+) -> tuple[Found, AnyQueue]:
+    """The queue ``args.queue`` of ``args.kind`` as recorded (refused when no registry or
+    framework knows it: :class:`~belayq.discovery.NoQueue`), and how it was found."""
+    found = find(client, args.queue, args.kind, prefix=args.prefix)
+    return found, open_found(client, found, prefix=args.prefix, keeping=keeping)

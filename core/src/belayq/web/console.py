@@ -208,7 +208,8 @@ def message(q: AnyQueue, message_id: str) -> dict[str, Any]:
         finished = _finished(q, message_id)
         if finished is None and framework is None:
             raise LookupError(f"no message {message_id!r} in {q.name}")
-        out = finished or {"id": message_id, "state": "not in belayq's keys"}
+        out = finished or {"id": message_id, "state": (framework or {}).get("status")
+                           or "not in belayq's keys"}
     if framework is not None:
         out["framework"] = framework
     return out

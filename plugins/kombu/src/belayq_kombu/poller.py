@@ -30,7 +30,7 @@ from belayq.sent import pool_connection
 
 from . import options
 from .consume import Consume, Step, Waiter
-from .tags import check_kept
+from .kept import check_kept
 
 if TYPE_CHECKING:
     from belayq import ReliableQueue

@@ -32,7 +32,7 @@ from belayq.sent import Answer
 from belayq.sharded import parts_of
 
 from . import celery_state
-from .tags import ALL_TAGS
+from .kept import ALL_TAGS
 
 log = logging.getLogger("belayq.kombu")
 

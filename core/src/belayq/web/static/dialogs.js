@@ -116,7 +116,7 @@ function messageHtml(kind, name, m) {
     field("priority level", m.level) + field("error", m.error ?? m.reason, "message-error") +
     field("result", m.result) + field("published", at(m.published_ms)) +
     field("finished", at(m.finished_ms)) + "</dl>" +
-    payloadHtml(m.payload) + frameworkHtml(m.framework);
+    (m.payload || !m.framework ? payloadHtml(m.payload) : "") + frameworkHtml(m.framework);
 }
 
 /** Open message ``id`` of queue ``kind``/``name``. ``actionsFor(message)`` lists the
