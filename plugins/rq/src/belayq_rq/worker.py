@@ -51,6 +51,7 @@ from .away import SkipsBookkeepingWhileAway, skipped_if_away
 from .claims import claim_of, driving
 from .maintenance import spare_requeued
 from .queue import Queue
+from .scheduler import StopsItsScheduler
 
 log = logging.getLogger("belayq_rq")
 #: RQ's own heartbeats and state writes repeated within this (s) are sent once.
@@ -126,7 +127,7 @@ def _client_info_resolved(client: Any) -> None:
     kwargs["driver_info"] = DriverInfo()
 
 
-class BelayqWorkerMixin(SkipsBookkeepingWhileAway):
+class BelayqWorkerMixin(SkipsBookkeepingWhileAway, StopsItsScheduler):
     """The belayq parts of :class:`Worker` and :class:`SimpleWorker` (see the module doc)."""
 
     queue_class = Queue
