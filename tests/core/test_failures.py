@@ -23,8 +23,8 @@ def test_newest_first_replaced_and_deleted(r: Any, make_queue: Any) -> None:
     assert failures.get(q, "a") == {"task": "t.a", "reason": "KeyError: y", "id": "a",
                                     "failed_at_ms": 3_000}
     assert failures.get(q, "nope") is None
-    assert failures.delete(q, ["a", "nope"]) == 1
-    assert failures.delete(q, []) == 0
+    assert failures.discard(q, ["a", "nope"]) == 1
+    assert failures.discard(q, []) == 0
     assert [x["id"] for x in failures.newest(q, 10)] == ["b"]
     assert 0 < r.pttl(q.keys.failures) <= failures.KEEP_MS
     assert 0 < r.pttl(q.keys.failures_at) <= failures.KEEP_MS

@@ -93,7 +93,7 @@ def get(q: AnyQueue, job_id: str) -> dict[str, Any] | None:
     return json.loads(raw) if raw is not None else None
 
 
-def delete(q: AnyQueue, job_ids: list[str]) -> int:
+def discard(q: AnyQueue, job_ids: list[str]) -> int:
     """Delete the records of ``job_ids``; how many there were."""
     if not job_ids:
         return 0

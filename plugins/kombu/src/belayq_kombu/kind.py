@@ -27,7 +27,7 @@ class CeleryTools:
                  "reason": r.get("reason")} for r in failures.newest(queue, limit)]
 
     def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
-        return failures.delete(queue, ids)
+        return failures.discard(queue, ids)
 
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
         """The record of task ``message_id``'s last failed run (None when none is kept)."""
