@@ -28,7 +28,7 @@ log = logging.getLogger("belayq_rq")
 
 #: How long a worker's teardown waits for its scheduler to stop before killing it (s).
 STOP_WAIT_S = 10.0
-#: How often the stop request is sent again while the scheduler runs (s).
+#: How often the request to stop is sent again while the scheduler runs (s).
 RESEND_EVERY_S = 1.0
 
 
