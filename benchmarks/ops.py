@@ -131,7 +131,7 @@ def the_calls(client: redis.Redis, url: str, big: ReliableQueue) -> dict[str, Ca
     one = big.dead_letters(1)[0].id
 
     def page() -> None:
-        detail = board.detail(big)
+        detail = board.detail(*board.queue("belayq", big.name))
         assert len(detail["ready"]) == 50 and len(detail["per_minute"]) > 1000
 
     def message() -> None:
