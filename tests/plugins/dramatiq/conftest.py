@@ -59,9 +59,10 @@ class Worker:
         self.proc.wait(10)
 
     def stop(self) -> int:
-        """Stop it as a deploy does (SIGTERM); returns its exit code."""
+        """Stop it as a deploy does (SIGTERM to the command, which stops its worker
+        process); returns its exit code."""
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            os.kill(self.proc.pid, signal.SIGTERM)
         return self.proc.wait(15)
 
     def output(self) -> str:

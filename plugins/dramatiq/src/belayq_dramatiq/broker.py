@@ -63,6 +63,11 @@ class Broker(dramatiq.Broker):
             dead-lettered. Default 5.
         belayq_options: Further :class:`belayq.QueueConfig` fields (``sweep_interval_ms``,
             ``wait_replicas``, ``dead_letter_max``, ...).
+        stock_delays: Put delayed messages where stock RedisBroker does (the ``.DQ``
+            list, for a worker to hold until due) rather than in Redis's delayed set: for
+            producers deployed while only stock workers consume (nothing promotes the
+            delayed set until a belayq worker runs). belayq workers move such messages into
+            the delayed set as they come. Default False.
         **parameters: ``redis.Redis`` connection parameters, as stock RedisBroker's; its
             ``maintenance_chance``, ``heartbeat_timeout`` and ``dead_message_ttl`` are
             accepted and unused.
@@ -82,6 +87,7 @@ class Broker(dramatiq.Broker):
         lease_ms: int = 15_000,
         max_deliveries: int = 5,
         belayq_options: Mapping[str, Any] | None = None,
+        stock_delays: bool = False,
         **parameters: Any,
     ) -> None:
         super().__init__(middleware=middleware)
@@ -89,6 +95,7 @@ class Broker(dramatiq.Broker):
             parameters.pop(name, None)
         self.client = _client_of(client_or_url, url, client, parameters)
         self.namespace = namespace
+        self.stock_delays = stock_delays
         self.broker_id = str(uuid.uuid4())
         self.options = core_options(
             {**dict(belayq_options or {}), "lease_ms": lease_ms, "max_deliveries": max_deliveries}
@@ -136,12 +143,15 @@ class Broker(dramatiq.Broker):
             The message as stored (with its ``redis_message_id``; with ``eta`` when delayed).
         """
         message = message.copy(options={"redis_message_id": str(uuid.uuid4())})
-        stored = message
+        stored, delay_ms = message, max(0, delay or 0)
         if delay is not None:
             message = message.copy(options={"eta": current_millis() + delay})
+            if self.stock_delays:  # as stock RedisBroker: on the .DQ list, ready now
+                message = message.copy(queue_name=dq_name(message.queue_name))
+                stored, delay_ms = message, 0
         self.emit_before("enqueue", message, delay)
-        self.store(message.queue_name).publish(
-            message.options["redis_message_id"], stored.encode(), delay_ms=max(0, delay or 0)
+        self.store(stored.queue_name).publish(
+            message.options["redis_message_id"], stored.encode(), delay_ms=delay_ms
         )
         self.emit_after("enqueue", message, delay)
         return message
