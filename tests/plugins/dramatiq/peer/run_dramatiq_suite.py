@@ -1,0 +1,209 @@
+"""Run Dramatiq's own Redis broker tests with belayq_dramatiq.Broker swapped in.
+
+    python tests/plugins/dramatiq/peer/run_dramatiq_suite.py [--stock] [pytest args...]
+
+1. Downloads the sdist of the installed dramatiq from PyPI (``pip download --no-deps
+   --no-binary :all:``) into ``.peer/`` (git-ignored; never committed) and unpacks its
+   ``tests/``; the unpacked ``dramatiq/`` package is removed (the installed one is tested).
+   The sdist ships the tests without their ``conftest.py`` and ``common.py``: the fixtures
+   come from ``harness/`` (``redis_broker`` is ours, or stock ``RedisBroker`` with
+   ``--stock``).
+2. Dramatiq's tests hard-code Redis on localhost:6379: the suite runs in a private network
+   and PID namespace (``unshare -rnpf``) with a redis-server of our own on 6379 there.
+3. Runs ``tests/test_redis.py`` (every test of the sdist that takes the Redis broker),
+   prints the counts and every failure with its reason (``EXPECTED`` below, or
+   "UNEXPECTED"), writes ``.peer/dramatiq-<version>-<mode>-results.json``, and exits 0
+   only when every failure is an expected one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+import xml.etree.ElementTree as ET
+from importlib import metadata
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[3]
+CACHE = ROOT / ".peer"
+TARGETS = ["tests/test_redis.py"]
+
+_T = "tests/test_redis.py::"
+_STOCK_API = "calls stock RedisBroker's Lua dispatcher (do_enqueue/do_fetch/do_qsize) or "
+EXPECTED: dict[str, str] = {
+    _T + "test_redis_unacked_messages_can_be_requeued": (
+        _STOCK_API + "reads its per-worker ack sets and forces its maintenance pass, which "
+        "belayq replaces with leases and the sweep; equivalent: test_workers.py::"
+        "test_kill_9_mid_task_every_message_finishes_within_the_lease"
+    ),
+    _T + "test_redis_messages_can_be_dead_lettered": (
+        "reads stock's dead-letter zset <queue>.XQ; belayq dead-letters into the core's "
+        "dead set with the reason; equivalent: test_broker.py::"
+        "test_nack_dead_letters_with_the_reason"
+    ),
+    _T + "test_redis_dead_lettered_messages_are_cleaned_up": (
+        _STOCK_API + "forces stock's maintenance to expire <queue>.XQ; belayq caps its dead "
+        "set (dead_letter_max) instead"
+    ),
+    _T + "test_redis_messages_belonging_to_missing_actors_are_rejected": (
+        "reads <queue>.XQ; belayq dead-letters into the core's dead set; equivalent: "
+        "test_broker.py::test_unknown_actor_is_dead_lettered_with_the_reason"
+    ),
+    _T + "test_redis_requeues_unhandled_delay_messages_on_shutdown": (
+        "expects a delayed message on the stock .DQ list after shutdown; belayq keeps it in "
+        "Redis's delayed set from the start, never in a worker; equivalent: test_workers.py"
+        "::test_eta_waits_in_redis_across_a_worker_restart"
+    ),
+    _T + "test_redis_consumer_ack_can_retry_on_connection_error": (
+        "patches stock's broker.do_ack, which belayq's consumer does not call"
+    ),
+    _T + "test_redis_consumer_nack_can_retry_on_connection_error": (
+        "patches stock's broker.do_nack, which belayq's consumer does not call"
+    ),
+    _T + "test_redis_join_race_condition": _STOCK_API + "counts with its do_qsize",
+}
+
+#: Expected failures not run with belayq swapped in: they would only wait for their timeout.
+NOT_RUN = {
+    _T + "test_redis_join_race_condition": (
+        "its actor calls stock's do_qsize, which raises AttributeError with belayq; Retries "
+        "then retries it 20 times with backoffs from 15 s, and join() waits for all of them"
+    ),
+}
+
+
+def version() -> str:
+    return metadata.version("dramatiq")
+
+
+def fetch_and_unpack() -> Path:
+    sdist_dir = CACHE / "sdist"
+    sdist_dir.mkdir(parents=True, exist_ok=True)
+    name = f"dramatiq-{version()}.tar.gz"
+    if not (sdist_dir / name).exists():
+        args = ["download", "--no-deps", "--no-binary", ":all:", f"dramatiq=={version()}",
+                "-d", str(sdist_dir)]
+        for pip in ([sys.executable, "-m", "pip"], ["python3", "-m", "pip"],
+                    [shutil.which("pip3") or "pip3"]):
+            try:
+                if subprocess.run([*pip, *args], capture_output=True, timeout=300).returncode == 0:
+                    break
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+        else:
+            raise SystemExit(f"could not download the dramatiq {version()} sdist")
+    dest = CACHE / f"dramatiq-{version()}"
+    if not (dest / "tests").is_dir():
+        shutil.rmtree(dest, ignore_errors=True)
+        with tarfile.open(sdist_dir / name) as tar:
+            tar.extractall(CACHE, filter="data")
+        shutil.rmtree(dest / "dramatiq", ignore_errors=True)
+    for f in (HERE / "harness").glob("*.py"):
+        shutil.copy(f, dest / "tests" / f.name)
+    return dest
+
+
+def junit_path(stock: bool) -> Path:
+    return CACHE / f"dramatiq-{version()}-{'stock' if stock else 'belayq'}-junit.xml"
+
+
+def inside(src: Path, stock: bool, pytest_args: list[str]) -> int:
+    """In the private namespace: our Redis on 6379, then pytest."""
+    subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+    from belayq.embedded import redis_server_binary, system_redis_server
+
+    binary = system_redis_server() or redis_server_binary()
+    workdir = CACHE / "dramatiq-netns-redis"
+    shutil.rmtree(workdir, ignore_errors=True)
+    workdir.mkdir(parents=True)
+    server = subprocess.Popen(
+        [binary, "--port", "6379", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", 6379), timeout=0.5).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("redis-server did not start") from None
+                time.sleep(0.05)
+        env = dict(os.environ)
+        # Dramatiq's suite is the package `tests`: this repository's stays off the path.
+        env["PYTHONPATH"] = ""
+        env["BELAYQ_DRAMATIQ_SWAP"] = "0" if stock else "1"
+        junit = junit_path(stock)
+        junit.unlink(missing_ok=True)
+        skipped = [] if stock else [a for n in NOT_RUN for a in ("--deselect", n)]
+        cmd = [sys.executable, "-m", "pytest", *TARGETS, *skipped, "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", "-o", "log_level=WARNING", "--timeout", "120",
+               "--junitxml", str(junit), *pytest_args]
+        return subprocess.run(cmd, cwd=src, env=env).returncode
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def report(stock: bool, seconds: float) -> int:
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    failures: dict[str, str] = {}
+    for case in ET.parse(junit_path(stock)).iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        nodeid = f"{module}.py::{case.get('name')}"
+        bad = case.find("failure")
+        if bad is None:
+            bad = case.find("error")
+        if bad is not None:
+            counts["failed"] += 1
+            failures[nodeid] = (bad.get("message") or "").splitlines()[0][:300]
+        elif case.find("skipped") is not None:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    label = "stock RedisBroker" if stock else "belayq_dramatiq.Broker swapped in"
+    print(f"\nDramatiq {version()} Redis broker tests, {label}: {counts['passed']} passed, "
+          f"{counts['failed']} failed, {counts['skipped']} skipped in {seconds:.0f} s")
+    unexpected = []
+    for nodeid in [] if stock else NOT_RUN:
+        print(f"  NOT RUN {nodeid}\n      expected to fail: {NOT_RUN[nodeid]}")
+    for nodeid, message in failures.items():
+        if nodeid in EXPECTED and not stock:
+            tag = f"expected: {EXPECTED[nodeid]}"
+        else:
+            tag = f"UNEXPECTED: {message}"
+            unexpected.append(nodeid)
+        print(f"  FAILED {nodeid}\n      {tag}")
+    result = {"dramatiq": version(), "mode": label, "seconds": round(seconds), **counts,
+              "failures": failures, "not_run": [] if stock else list(NOT_RUN),
+              "unexpected": unexpected}
+    out = CACHE / f"dramatiq-{version()}-{'stock' if stock else 'belayq'}-results.json"
+    out.write_text(json.dumps(result, indent=2))
+    return 1 if unexpected else 0
+
+
+def main(argv: list[str]) -> int:
+    stock = "--stock" in argv
+    rest = [a for a in argv if a not in ("--stock", "--inside")]
+    src = fetch_and_unpack()
+    if "--inside" in argv:
+        return inside(src, stock, rest)
+    if shutil.which("unshare") is None:
+        raise SystemExit("needs `unshare` (util-linux) for a private network namespace")
+    t0 = time.monotonic()
+    inner = ["unshare", "-rnpf", "--mount-proc", sys.executable, __file__, "--inside", *argv]
+    code = subprocess.run(inner).returncode
+    if not junit_path(stock).exists():
+        raise SystemExit(f"the suite did not run (exit {code})")
+    return report(stock, time.monotonic() - t0)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
