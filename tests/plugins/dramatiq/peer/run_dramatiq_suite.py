@@ -1,6 +1,6 @@
 """Run Dramatiq's own Redis broker tests with belayq_dramatiq.Broker swapped in.
 
-    python tests/plugins/dramatiq/peer/run_dramatiq_suite.py [--stock] [pytest args...]
+    python tests/plugins/dramatiq/peer/run_dramatiq_suite.py [--stock] [--on-redis] [args...]
 
 1. Downloads the sdist of the installed dramatiq from PyPI (``pip download --no-deps
    --no-binary :all:``) into ``.peer/`` (git-ignored; never committed) and unpacks its
@@ -34,6 +34,15 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[3]
 CACHE = ROOT / ".peer"
 TARGETS = ["tests/test_redis.py"]
+#: With --on-redis: the tests written for StubBroker that a Redis broker can run (not
+#: test_stub_broker.py, which tests StubBroker itself; not test_broker.py, which imports
+#: the RabbitMQ broker (pika) at the top; not the CLI and watcher tests, which take no
+#: broker fixture).
+ON_REDIS_TARGETS = [
+    "tests/test_actors.py", "tests/test_callbacks.py",
+    "tests/test_composition.py", "tests/test_generic_actors.py", "tests/test_messages.py",
+    "tests/test_results.py", "tests/test_worker.py",
+]
 
 _T = "tests/test_redis.py::"
 _STOCK_API = "calls stock RedisBroker's Lua dispatcher (do_enqueue/do_fetch/do_qsize) or "
@@ -110,17 +119,21 @@ def fetch_and_unpack() -> Path:
     return dest
 
 
-def junit_path(stock: bool) -> Path:
-    return CACHE / f"dramatiq-{version()}-{'stock' if stock else 'belayq'}-junit.xml"
+def mode(stock: bool, on_redis: bool) -> str:
+    return ("stock" if stock else "belayq") + ("-on-redis" if on_redis else "")
 
 
-def inside(src: Path, stock: bool, pytest_args: list[str]) -> int:
+def junit_path(stock: bool, on_redis: bool) -> Path:
+    return CACHE / f"dramatiq-{version()}-{mode(stock, on_redis)}-junit.xml"
+
+
+def inside(src: Path, stock: bool, on_redis: bool, pytest_args: list[str]) -> int:
     """In the private namespace: our Redis on 6379, then pytest."""
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     from belayq.embedded import redis_server_binary, system_redis_server
 
     binary = system_redis_server() or redis_server_binary()
-    workdir = CACHE / "dramatiq-netns-redis"
+    workdir = CACHE / f"dramatiq-netns-redis-{mode(stock, on_redis)}"
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     server = subprocess.Popen(
@@ -140,10 +153,12 @@ def inside(src: Path, stock: bool, pytest_args: list[str]) -> int:
         # Dramatiq's suite is the package `tests`: this repository's stays off the path.
         env["PYTHONPATH"] = ""
         env["BELAYQ_DRAMATIQ_SWAP"] = "0" if stock else "1"
-        junit = junit_path(stock)
+        env["BELAYQ_DRAMATIQ_ON_REDIS"] = "1" if on_redis else "0"
+        junit = junit_path(stock, on_redis)
         junit.unlink(missing_ok=True)
         skipped = [] if stock else [a for n in NOT_RUN for a in ("--deselect", n)]
-        cmd = [sys.executable, "-m", "pytest", *TARGETS, *skipped, "-q", "-p", "no:cacheprovider",
+        targets = ON_REDIS_TARGETS if on_redis else TARGETS
+        cmd = [sys.executable, "-m", "pytest", *targets, *skipped, "-q", "-p", "no:cacheprovider",
                "-o", "addopts=", "-o", "log_level=WARNING", "--timeout", "120",
                "--junitxml", str(junit), *pytest_args]
         return subprocess.run(cmd, cwd=src, env=env).returncode
@@ -152,10 +167,10 @@ def inside(src: Path, stock: bool, pytest_args: list[str]) -> int:
         server.wait(10)
 
 
-def report(stock: bool, seconds: float) -> int:
+def report(stock: bool, on_redis: bool, seconds: float) -> int:
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     failures: dict[str, str] = {}
-    for case in ET.parse(junit_path(stock)).iter("testcase"):
+    for case in ET.parse(junit_path(stock, on_redis)).iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
         nodeid = f"{module}.py::{case.get('name')}"
         bad = case.find("failure")
@@ -169,7 +184,8 @@ def report(stock: bool, seconds: float) -> int:
         else:
             counts["passed"] += 1
     label = "stock RedisBroker" if stock else "belayq_dramatiq.Broker swapped in"
-    print(f"\nDramatiq {version()} Redis broker tests, {label}: {counts['passed']} passed, "
+    tests = "StubBroker tests on a Redis broker" if on_redis else "Redis broker tests"
+    print(f"\nDramatiq {version()} {tests}, {label}: {counts['passed']} passed, "
           f"{counts['failed']} failed, {counts['skipped']} skipped in {seconds:.0f} s")
     unexpected = []
     for nodeid in [] if stock else NOT_RUN:
@@ -184,25 +200,25 @@ def report(stock: bool, seconds: float) -> int:
     result = {"dramatiq": version(), "mode": label, "seconds": round(seconds), **counts,
               "failures": failures, "not_run": [] if stock else list(NOT_RUN),
               "unexpected": unexpected}
-    out = CACHE / f"dramatiq-{version()}-{'stock' if stock else 'belayq'}-results.json"
+    out = CACHE / f"dramatiq-{version()}-{mode(stock, on_redis)}-results.json"
     out.write_text(json.dumps(result, indent=2))
     return 1 if unexpected else 0
 
 
 def main(argv: list[str]) -> int:
-    stock = "--stock" in argv
-    rest = [a for a in argv if a not in ("--stock", "--inside")]
+    stock, on_redis = "--stock" in argv, "--on-redis" in argv
+    rest = [a for a in argv if a not in ("--stock", "--on-redis", "--inside")]
     src = fetch_and_unpack()
     if "--inside" in argv:
-        return inside(src, stock, rest)
+        return inside(src, stock, on_redis, rest)
     if shutil.which("unshare") is None:
         raise SystemExit("needs `unshare` (util-linux) for a private network namespace")
     t0 = time.monotonic()
     inner = ["unshare", "-rnpf", "--mount-proc", sys.executable, __file__, "--inside", *argv]
     code = subprocess.run(inner).returncode
-    if not junit_path(stock).exists():
+    if not junit_path(stock, on_redis).exists():
         raise SystemExit(f"the suite did not run (exit {code})")
-    return report(stock, time.monotonic() - t0)
+    return report(stock, on_redis, time.monotonic() - t0)
 
 
 if __name__ == "__main__":

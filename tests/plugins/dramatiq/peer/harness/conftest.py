@@ -1,9 +1,16 @@
 """Fixtures for Dramatiq's own tests (its sdist ships them without their conftest): the
 Redis broker is belayq_dramatiq's when BELAYQ_DRAMATIQ_SWAP=1, else stock RedisBroker, on
-the redis-server the runner started on 127.0.0.1:6379 inside its own network namespace."""
+the redis-server the runner started on 127.0.0.1:6379 inside its own network namespace.
+
+With BELAYQ_DRAMATIQ_ON_REDIS=1 the tests written for StubBroker (actors, middleware,
+composition, results...) run on that Redis broker too: ``stub_broker`` is the Redis broker
+with the two test helpers of StubBroker they use (``dead_letters``, and ``join``'s
+``fail_fast``, which raises the exception of a message dead-lettered during the join).
+"""
 
 from __future__ import annotations
 
+import collections
 import os
 
 import dramatiq
@@ -12,17 +19,50 @@ import redis
 from dramatiq import Worker
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker
+from dramatiq.middleware import Middleware
 from dramatiq.results.backends import RedisBackend
 
 SWAP = os.environ.get("BELAYQ_DRAMATIQ_SWAP") == "1"
+ON_REDIS = os.environ.get("BELAYQ_DRAMATIQ_ON_REDIS") == "1"
 
 
-def _redis_broker() -> dramatiq.Broker:
+class _Nacks(Middleware):
+    """Keeps the messages a worker of this process dead-lettered, with their exceptions."""
+
+    def __init__(self, kept):
+        self.kept = kept
+
+    def after_nack(self, broker, message):
+        self.kept[message.queue_name].append(message)
+
+
+def with_stub_helpers(base):
+    """``base`` with StubBroker's ``dead_letters`` and ``join(fail_fast=...)``."""
+
+    class OnRedis(base):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.dead_letters_by_queue = collections.defaultdict(list)
+            self.add_middleware(_Nacks(self.dead_letters_by_queue))
+
+        @property
+        def dead_letters(self):
+            return [m for q in self.dead_letters_by_queue.values() for m in q]
+
+        def join(self, queue_name, *, timeout=None, fail_fast=True):
+            super().join(queue_name, timeout=timeout)
+            for message in self.dead_letters_by_queue[queue_name] if fail_fast else ():
+                raise (message._exception or Exception("Message failed with unknown error"))
+
+    return OnRedis
+
+
+def _redis_broker(stub_helpers=False):
     if SWAP:
-        from belayq_dramatiq import Broker
-
-        return Broker()
-    return RedisBroker()
+        from belayq_dramatiq import Broker as base
+    else:
+        base = RedisBroker
+    return (with_stub_helpers(base) if stub_helpers else base)()
 
 
 @pytest.fixture
@@ -45,6 +85,15 @@ def redis_worker(redis_broker):
 
 @pytest.fixture
 def stub_broker():
+    if ON_REDIS:
+        redis.Redis().flushall()
+        broker = _redis_broker(stub_helpers=True)
+        broker.emit_after("process_boot")
+        dramatiq.set_broker(broker)
+        yield broker
+        broker.close()
+        redis.Redis().flushall()
+        return
     broker = StubBroker()
     broker.emit_after("process_boot")
     dramatiq.set_broker(broker)
