@@ -27,13 +27,15 @@ ON_REDIS = os.environ.get("BELAYQ_DRAMATIQ_ON_REDIS") == "1"
 
 
 class _Nacks(Middleware):
-    """Keeps the messages a worker of this process dead-lettered, with their exceptions."""
+    """Keeps the messages a worker of this process dead-lettered, with their exceptions
+    (taken before the worker clears them, as StubBroker's proxies keep theirs)."""
 
-    def __init__(self, kept):
-        self.kept = kept
+    def __init__(self, kept, errors):
+        self.kept, self.errors = kept, errors
 
     def after_nack(self, broker, message):
         self.kept[message.queue_name].append(message)
+        self.errors[id(message)] = message._exception
 
 
 def with_stub_helpers(base):
@@ -43,7 +45,8 @@ def with_stub_helpers(base):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.dead_letters_by_queue = collections.defaultdict(list)
-            self.add_middleware(_Nacks(self.dead_letters_by_queue))
+            self._errors = {}
+            self.add_middleware(_Nacks(self.dead_letters_by_queue, self._errors))
 
         @property
         def dead_letters(self):
@@ -52,7 +55,8 @@ def with_stub_helpers(base):
         def join(self, queue_name, *, timeout=None, fail_fast=True):
             super().join(queue_name, timeout=timeout)
             for message in self.dead_letters_by_queue[queue_name] if fail_fast else ():
-                raise (message._exception or Exception("Message failed with unknown error"))
+                error = self._errors.get(id(message))
+                raise (error or Exception("Message failed with unknown error"))
 
     return OnRedis
 
@@ -114,3 +118,16 @@ def stub_worker(stub_broker):
 def result_backend():
     redis.Redis().flushall()
     return RedisBackend()
+
+
+@pytest.fixture
+def redis_result_backend(result_backend):
+    return result_backend
+
+
+@pytest.fixture
+def rate_limiter_backend():
+    from dramatiq.rate_limits.backends import RedisBackend as RateLimiterBackend
+
+    redis.Redis().flushall()
+    return RateLimiterBackend()
