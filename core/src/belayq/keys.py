@@ -268,7 +268,13 @@ def dramatiq_layout(
     companion keys on one slot."""
     ready = f"{namespace}:{{{name}}}" if cluster else f"{namespace}:{name}"
     return {"ready_key": ready, "payload_in_list": True, "ready_head": "left",
-            "priority_steps": (0,), "kind": "dramatiq", "messages": f"{ready}.msgs"}
+            "priority_steps": (0,), "kind": "dramatiq", "messages": dramatiq_messages(ready)}
+
+
+def dramatiq_messages(ready_key: str) -> str:
+    """The hash of message bodies beside Dramatiq's list ``ready_key`` (id -> body), as
+    stock ``RedisBroker`` names it."""
+    return f"{ready_key}.msgs"
 
 
 #: RQ's own list of its queues: a set of their list names (``rq:queue:NAME``).

@@ -16,6 +16,7 @@ from dramatiq.middleware import TimeLimitExceeded
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
+from belayq.kinds import tools_for
 from belayq.registry import Registry
 from belayq_dramatiq import Broker
 from tests.support import wait_for
@@ -57,9 +58,19 @@ def test_nack_dead_letters_with_the_reason(broker: Broker, worker: Worker) -> No
     def fails() -> None:
         raise ValueError("boom")
 
-    fails.send()
+    message = fails.send()
     drain(broker, worker)
     assert reasons(broker) == ["ValueError: boom"]
+    # the failed run is recorded for the tools, with its traceback
+    core = broker.store("default").core
+    tools = tools_for("dramatiq")
+    assert tools is not None
+    [row] = tools.failed(core, 10)  # type: ignore[attr-defined]
+    assert (row["id"], row["task"], row["reason"]) == (message.message_id, "fails",
+                                                       "ValueError: boom")
+    detail = tools.message(core, message.options["redis_message_id"])  # type: ignore[attr-defined]
+    assert "raise ValueError" in detail["last_failure"]["traceback"]
+    assert detail["actor_name"] == "fails"
 
 
 def test_unknown_actor_is_dead_lettered_with_the_reason(broker: Broker, worker: Worker) -> None:

@@ -27,7 +27,10 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import QueueJoinTimeout
 from dramatiq.middleware import Middleware
 
+from belayq.keys import dramatiq_layout
+
 from .consumer import Consumer, DelayConsumer, StartReports
+from .failed import FailedRuns
 from .store import Store, core_options
 
 #: Stock RedisBroker arguments that configure its maintenance pass, which belayq replaces
@@ -105,6 +108,7 @@ class Broker(dramatiq.Broker):
         self._stores: dict[str, Store] = {}
         self._lock = threading.Lock()
         self.middleware.insert(0, StartReports())
+        self.add_middleware(FailedRuns())
 
     def store(self, queue_name: str) -> Store:
         """The store of a Dramatiq queue (opened once per broker)."""
@@ -117,11 +121,19 @@ class Broker(dramatiq.Broker):
                 )
             return found
 
-    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000) -> Consumer:
+    def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000
+                ) -> dramatiq.Consumer:
         """A consumer of ``queue_name`` (of a stock delay queue ``<queue>.DQ``: one that
         moves its messages into the queue's delayed set)."""
-        kind = DelayConsumer if queue_name in self.delay_queues else Consumer
-        return kind(self, self.store(queue_name), prefetch, timeout)
+        if queue_name in self.delay_queues:
+            return DelayConsumer(self, queue_name, timeout)
+        return Consumer(self, self.store(queue_name), prefetch, timeout)
+
+    def stock_list_exists(self, queue_name: str) -> bool:
+        """Whether stock RedisBroker's list of ``queue_name`` exists (a stock delay queue
+        that stock producers wrote to)."""
+        layout = dramatiq_layout(queue_name, namespace=self.namespace, cluster=self.cluster)
+        return bool(self.client.exists(str(layout["ready_key"])))
 
     def declare_queue(self, queue_name: str) -> None:
         """Declare a queue (and its stock delay queue, drained into Redis's delayed set)."""

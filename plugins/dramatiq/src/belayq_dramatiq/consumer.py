@@ -184,23 +184,44 @@ class Consumer(dramatiq.Consumer):
                             "after their lease", len(cached), self.queue_name)
 
 
-class DelayConsumer(Consumer):
+class DelayConsumer(dramatiq.Consumer):
     """The consumer of a stock delay queue (``<queue>.DQ``), where stock ``RedisBroker``
     producers put delayed messages during a rolling migration: it moves each into the
     core's delayed set of its queue, due at its ``eta``, and hands nothing to the worker.
-    A crash between the move and the ack moves it again, deduplicated by its id."""
+    A crash between the move and the ack moves it again, deduplicated by its id. Until the
+    stock list exists it only looks for it (one ``EXISTS`` per ``timeout``), so a fleet that
+    never ran stock producers gets no queue of that name."""
 
-    def _next(self) -> MessageProxy | None:
-        got = self.store.core.claim(timeout=self.timeout / 1000, count=DELAY_BATCH)
+    def __init__(self, broker: Broker, queue_name: str, timeout: int) -> None:
+        self.broker = broker
+        self.queue_name = queue_name
+        self.timeout = timeout
+        self._store: Store | None = None
+
+    def __next__(self) -> MessageProxy | None:
+        try:
+            self._move()
+        except ConnectionLost as exc:
+            raise ConnectionClosed(exc) from None  # type: ignore[no-untyped-call]
+        return None
+
+    def _move(self) -> None:
+        if self._store is None:
+            if not self.broker.stock_list_exists(self.queue_name):
+                time.sleep(self.timeout / 1000)
+                return
+            self._store = self.broker.store(self.queue_name)
+        store = self._store
+        got = store.core.claim(timeout=self.timeout / 1000, count=DELAY_BATCH)
         target = self.broker.store(q_name(self.queue_name))
-        for delivery, body in zip(got, self.store.bodies(got), strict=True):
+        for delivery, body in zip(got, store.bodies(got), strict=True):
             if body is None:
-                self.store.core.dead_letter(delivery, "the message's body is missing from .msgs")
+                store.core.dead_letter(delivery, "the message's body is missing from .msgs")
                 continue
             try:
                 message = dramatiq.Message.decode(body)
             except Exception as exc:
-                self.store.core.dead_letter(delivery, f"undecodable message: {exc!r}"[:500])
+                store.core.dead_letter(delivery, f"undecodable message: {exc!r}"[:500])
                 continue
             eta = message.options.pop("eta", None)
             delay_ms = max(0, int(eta) - current_millis()) if isinstance(eta, (int, float)) else 0
@@ -208,8 +229,10 @@ class DelayConsumer(Consumer):
             message_id = str(message.options.get("redis_message_id") or delivery.payload.decode())
             target.publish(message_id, message.encode(), delay_ms=delay_ms,
                            dedup_id=f"dq:{message_id}")
-            self.store.ack(delivery)
-        return None
+            store.ack(delivery)
+
+    def requeue(self, messages: Iterable[MessageProxy]) -> None:
+        """Nothing to hand back: no message of a delay queue reaches the worker."""
 
 
 class StartReports(Middleware):
