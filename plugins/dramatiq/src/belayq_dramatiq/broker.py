@@ -32,6 +32,7 @@ from belayq.keys import dramatiq_layout
 from .consumer import Consumer, DelayConsumer, StartReports
 from .failed import FailedRuns
 from .store import Store, core_options
+from .tracing import ProcessSpans
 
 #: Stock RedisBroker arguments that configure its maintenance pass, which belayq replaces
 #: with leases and the sweep: accepted, so a drop-in needs no edit, and unused.
@@ -109,6 +110,7 @@ class Broker(dramatiq.Broker):
         self._lock = threading.Lock()
         self.middleware.insert(0, StartReports())
         self.add_middleware(FailedRuns())
+        self.add_middleware(ProcessSpans())
 
     def store(self, queue_name: str) -> Store:
         """The store of a Dramatiq queue (opened once per broker)."""
