@@ -12,10 +12,12 @@ import dramatiq
 import pytest
 import redis
 from dramatiq import Worker
+from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import TimeLimitExceeded
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
+from belayq import ConnectionLost
 from belayq.kinds import tools_for
 from belayq.registry import Registry
 from belayq_dramatiq import Broker
@@ -162,3 +164,23 @@ def test_queues_are_recorded_as_kind_dramatiq(broker: Broker, conn: redis.Redis)
     [record] = [r for r in Registry(conn).all() if r.name == "emails"]
     assert (record.kind, record.ready_key) == ("dramatiq", "dramatiq:emails")
     assert record.lease_ms == 2000
+
+
+def test_claims_whose_bodies_cannot_be_read_are_handed_back(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.declare_queue("default")
+    broker.enqueue(dramatiq.Message(queue_name="default", actor_name="x", args=(),
+                                    kwargs={}, options={}))
+    store = broker.store("default")
+
+    def unreachable(deliveries: object) -> None:
+        raise ConnectionLost("Redis unreachable during bodies")
+
+    monkeypatch.setattr(store, "bodies", unreachable)
+    consumer = broker.consume("default", prefetch=2, timeout=100)
+    with pytest.raises(ConnectionClosed):  # Dramatiq's consumer thread restarts it
+        next(consumer)
+    stats = store.core.stats()
+    assert (stats["ready"], stats["in_flight"]) == (1, 0)  # back at once, uncounted
+    assert store.core.held == []  # nothing kept alive by this process

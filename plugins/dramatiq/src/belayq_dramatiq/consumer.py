@@ -102,9 +102,23 @@ class Consumer(dramatiq.Consumer):
             )
             if not got:
                 return None
-            proxies = self._admit(got)
+            try:
+                proxies = self._admit(got)
+            except BaseException:
+                self._give_back(got)
+                raise
             with self._room:
                 self._cache.extend(proxies)
+
+    def _give_back(self, deliveries: list[Delivery]) -> None:
+        """Hand back claims that could not be made into messages (their bodies could not be
+        read): uncounted, at once; or, when Redis cannot be reached either, stop keeping them,
+        so they come back after their lease rather than being kept while nothing runs
+        them."""
+        try:
+            self.store.core.release(deliveries)
+        except Exception:
+            self.store.core.forget(deliveries)
 
     def _admit(self, deliveries: list[Delivery]) -> list[Proxy]:
         """The proxies of claimed messages; a message without a body or that cannot be

@@ -5,7 +5,8 @@ A message id sits in the queue's list as stock producers push it, and its body i
 ``.msgs`` hash beside it; the core claims the id with a lease and settles it with a fencing
 token. The body is written before the id is published (a crash in between leaves a body no
 id points to, never an id without its body) and deleted only after the core accepted the
-ack (a stale ack, refused, deletes nothing the redelivered copy needs).
+ack (a stale ack, refused, deletes nothing the redelivered copy needs). redis-py's errors
+come out as the core's (``ConnectionLost``...), as the core's own calls raise them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue
+from belayq.errors import redis_errors
 from belayq.keys import dramatiq_layout
 
 #: QueueConfig fields belayq_dramatiq sets itself: stock RedisBroker's list layout, and runs
@@ -64,18 +66,21 @@ class Store:
         self.name = name
         self.core = ReliableQueue(client, name, claim_starts=False, **layout, **options)
 
+    @redis_errors
     def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
                 dedup_id: str | None = None) -> None:
         """Store a body, then publish its id (ready, or delayed ``delay_ms`` in Redis)."""
         self.client.hset(self.messages, message_id, body)
         self.core.publish(message_id, delay_ms=delay_ms, dedup_id=dedup_id)
 
+    @redis_errors
     def bodies(self, deliveries: Sequence[Delivery]) -> list[bytes | None]:
         """The body of each claimed message (None when its body is missing)."""
         if not deliveries:
             return []
         return list(self.client.hmget(self.messages, [d.payload for d in deliveries]))
 
+    @redis_errors
     def ack(self, delivery: Delivery) -> bool:
         """Ack a claim; its body goes only when the core accepted the ack."""
         if not self.core.ack(delivery):
@@ -83,6 +88,7 @@ class Store:
         self.client.hdel(self.messages, delivery.payload)
         return True
 
+    @redis_errors
     def purge(self) -> int:
         """Delete the waiting (ready and delayed) messages and the dead letters, with their
         bodies. Claimed messages stay. Returns how many were deleted."""
