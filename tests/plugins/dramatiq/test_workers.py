@@ -61,6 +61,32 @@ def test_kill_9_mid_task_every_message_finishes_within_the_lease(
     assert stats["reclaimed"] == 1 and stats["in_flight"] == 0 and stats["dead"] == 0
 
 
+def test_a_worker_process_whose_main_process_was_killed_exits(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    """kill -9 of the ``dramatiq`` main process alone: its worker process, orphaned, exits
+    (else it would run on with its log pipe filling up, its leases kept alive), and the
+    message it held runs on another worker."""
+    a = workers.start(threads=1)
+    send(broker, "slow", "orphaned", 30.0, 0.1)
+    [(_, child)] = wait_recorded(conn, "started", 1, 30)
+    assert child != a.proc.pid
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait(10)
+    wait_for(lambda: not _alive(child), 10, f"worker process {child} to exit")
+    workers.start(threads=1)
+    [(key, pid)] = wait_recorded(conn, "done", 1, 30)
+    assert key == "orphaned" and pid != child
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def test_poison_actor_is_dead_lettered_after_the_configured_runs(
     broker: Broker, workers: Workers, conn: redis.Redis
 ) -> None:

@@ -31,6 +31,7 @@ from belayq.keys import dramatiq_layout
 
 from .consumer import Consumer, DelayConsumer, StartReports
 from .failed import FailedRuns
+from .parent import ParentWatch
 from .store import Store, core_options
 from .tracing import ProcessSpans
 
@@ -111,6 +112,8 @@ class Broker(dramatiq.Broker):
         self.middleware.insert(0, StartReports())
         self.add_middleware(FailedRuns())
         self.add_middleware(ProcessSpans())
+        self._parent_watch = ParentWatch()
+        self.add_middleware(self._parent_watch)
 
     def store(self, queue_name: str) -> Store:
         """The store of a Dramatiq queue (opened once per broker)."""
@@ -199,6 +202,7 @@ class Broker(dramatiq.Broker):
 
     def close(self) -> None:
         """Stop keeping leases (claims not settled return after their lease)."""
+        self._parent_watch.stop()
         with self._lock:
             stores = list(self._stores.values())
         for s in stores:
