@@ -4,6 +4,7 @@ AgeLimit, TimeLimit, prefetched claims handed back uncounted, the registry's kin
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +18,7 @@ from dramatiq.middleware import TimeLimitExceeded
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
-from belayq import ConnectionLost
+from belayq import ConfigError, ConnectionLost
 from belayq.kinds import tools_for
 from belayq.registry import Registry
 from belayq_dramatiq import Broker
@@ -184,3 +185,17 @@ def test_claims_whose_bodies_cannot_be_read_are_handed_back(
     stats = store.core.stats()
     assert (stats["ready"], stats["in_flight"]) == (1, 0)  # back at once, uncounted
     assert store.core.held == []  # nothing kept alive by this process
+
+
+def test_options_are_checked_when_the_broker_is_built() -> None:
+    for options, named in (({"lease_ms": 5000}, "own keywords"),
+                           ({"payload_in_list": False}, "sets ['payload_in_list'] itself"),
+                           ({"leas_ms": 5000}, "unknown"),
+                           ({"sweep_interval_ms": 0}, "sweep_interval_ms")):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            Broker(url="redis://127.0.0.1:1/0", belayq_options=options)
+    with pytest.raises(ConfigError, match="lease_ms"):
+        Broker(url="redis://127.0.0.1:1/0", lease_ms=10)
+    # stock RedisBroker's maintenance settings are accepted, so the swap needs no edit
+    Broker(url="redis://127.0.0.1:1/0", maintenance_chance=1000, heartbeat_timeout=60000,
+           dead_message_ttl=1000).close()

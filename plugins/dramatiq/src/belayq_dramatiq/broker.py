@@ -27,6 +27,8 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import QueueJoinTimeout
 from dramatiq.middleware import Middleware
 
+from belayq import ConfigError
+from belayq.client_info import is_cluster
 from belayq.keys import dramatiq_layout
 
 from .consumer import Consumer, DelayConsumer, StartReports
@@ -60,7 +62,8 @@ class Broker(dramatiq.Broker):
             ``RedisCluster``, or a ``redis://`` URL.
         url: As stock RedisBroker's ``url``.
         client: As stock RedisBroker's ``client``.
-        middleware: As stock RedisBroker's (belayq adds its start reports in front).
+        middleware: As stock RedisBroker's. The broker adds its own: the start reports
+            first, then the failed runs' records, the process spans and the parent watch.
         namespace: The first part of stock RedisBroker's keys (default ``dramatiq``).
         lease_ms: How long a claim stays valid without an extension (ms); a killed
             worker's messages are back within it plus one sweep. Default 15 s.
@@ -78,7 +81,8 @@ class Broker(dramatiq.Broker):
             accepted and unused.
 
     Raises:
-        ConfigError: A bad or unknown belayq option.
+        ConfigError: A bad or unknown belayq option, or ``lease_ms`` or
+            ``max_deliveries`` in ``belayq_options``.
     """
 
     def __init__(
@@ -102,10 +106,13 @@ class Broker(dramatiq.Broker):
         self.namespace = namespace
         self.stock_delays = stock_delays
         self.broker_id = str(uuid.uuid4())
+        own = sorted({"lease_ms", "max_deliveries"} & set(belayq_options or {}))
+        if own:
+            raise ConfigError(f"pass {own} as Broker's own keywords, not in belayq_options")
         self.options = core_options(
             {**dict(belayq_options or {}), "lease_ms": lease_ms, "max_deliveries": max_deliveries}
         )
-        self.cluster = type(self.client).__name__ in ("RedisCluster", "ValkeyCluster")
+        self.cluster = is_cluster(self.client)
         self.queues: set[str] = set()
         self._stores: dict[str, Store] = {}
         self._lock = threading.Lock()
