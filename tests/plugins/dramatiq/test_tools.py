@@ -12,6 +12,7 @@ import redis
 
 from belayq.discovery import find, list_queues, open_found
 from belayq.kinds import tools_for
+from belayq.metrics import QueueCollector
 from belayq.web.console import message as message_detail
 from belayq_dramatiq import Broker
 
@@ -39,6 +40,12 @@ def test_the_tools_find_open_show_and_purge_dramatiq_queues(
     assert detail["framework"]["args"] == ["a"]
     tools = tools_for("dramatiq")
     assert tools is not None
+    samples = {s.name: s.value for family in QueueCollector(lambda: [q]).collect()
+               for s in family.samples if s.labels.get("kind") == "dramatiq"}
+    # the oldest waiting message's age, read from its body's send time
+    assert samples["belayq_oldest_ready_age_seconds"] >= 0
+    assert samples["belayq_framework_failed"] == 0  # failed runs recorded (none here)
+    assert samples["belayq_delayed"] == 1
     out = subprocess.run([sys.executable, "-m", "belayq", "stats", "--url", url, "default"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "dramatiq" in out.stdout, out.stderr
