@@ -66,7 +66,8 @@ class Broker(dramatiq.Broker):
             first, then the failed runs' records, the process spans and the parent watch.
         namespace: The first part of stock RedisBroker's keys (default ``dramatiq``).
         lease_ms: How long a claim stays valid without an extension (ms); a killed
-            worker's messages are back within it plus one sweep. Default 15 s.
+            worker's messages are back within it plus one sweep. Default 20 s (as the
+            other adapters').
         max_deliveries: Runs after which a message whose worker died during each is
             dead-lettered. Default 5.
         belayq_options: Further :class:`belayq.QueueConfig` fields (``sweep_interval_ms``,
@@ -93,7 +94,7 @@ class Broker(dramatiq.Broker):
         client: Any = None,
         middleware: list[Middleware] | None = None,
         namespace: str = "dramatiq",
-        lease_ms: int = 15_000,
+        lease_ms: int = 20_000,
         max_deliveries: int = 5,
         belayq_options: Mapping[str, Any] | None = None,
         stock_delays: bool = False,
