@@ -8,9 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import dramatiq
+import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.errors import ConnectionClosed
 
+from belayq import ConnectionLost, Delivery
 from belayq_dramatiq import Broker
 from tests.plugins.dramatiq.conftest import Workers, wait_recorded
 
@@ -49,5 +52,38 @@ def test_stock_and_belayq_brokers_share_a_queue_both_ways(
         assert len(done) == 22  # each ran once
         assert conn.llen("dramatiq:default.DQ") == 0
         assert conn.llen("dramatiq:default") == 0 and conn.hlen("dramatiq:default.msgs") == 0
+    finally:
+        ours.close()
+
+
+def test_a_stock_delayed_message_moved_twice_is_stored_once(
+    url: str, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker that moved a stock ``.DQ`` message into the delayed set but could not ack
+    it hands it back; the next move is deduplicated by its id."""
+    ours, stock = Broker(url=url), RedisBroker(url=url)
+    for b in (ours, stock):
+        b.declare_queue("default")
+    try:
+        send(stock, "once", delay=60_000)
+        consumer = ours.consume("default.DQ", timeout=100)
+        dq = ours.store("default.DQ")
+        real_ack = dq.ack
+        calls = []
+
+        def ack_lost_once(delivery: Delivery) -> bool:
+            calls.append(delivery)
+            if len(calls) == 1:
+                raise ConnectionLost("Redis unreachable during ack")
+            return real_ack(delivery)
+
+        monkeypatch.setattr(dq, "ack", ack_lost_once)
+        with pytest.raises(ConnectionClosed):
+            next(consumer)
+        assert conn.llen("dramatiq:default.DQ") == 1  # handed back at once
+        assert next(consumer) is None
+        assert len(calls) == 2 and conn.llen("dramatiq:default.DQ") == 0
+        stats = ours.store("default").core.stats()
+        assert stats["delayed"] == 1 and stats["published"] == 1  # stored once
     finally:
         ours.close()

@@ -227,6 +227,16 @@ class DelayConsumer(dramatiq.Consumer):
             self._store = self.broker.store(self.queue_name)
         store = self._store
         got = store.core.claim(timeout=self.timeout / 1000, count=DELAY_BATCH)
+        try:
+            self._convert(store, got)
+        except BaseException:  # what was not moved goes back to the stock list at once
+            try:
+                store.core.release(got)
+            except Exception:
+                store.core.forget(got)
+            raise
+
+    def _convert(self, store: Store, got: list[Delivery]) -> None:
         target = self.broker.store(q_name(self.queue_name))
         for delivery, body in zip(got, store.bodies(got), strict=True):
             if body is None:
