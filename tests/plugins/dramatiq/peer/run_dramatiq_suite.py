@@ -2,6 +2,7 @@
 
     python tests/plugins/dramatiq/peer/run_dramatiq_suite.py [--stock] [--on-redis] [args...]
     python tests/plugins/dramatiq/peer/run_dramatiq_suite.py --all [--stock]
+    python tests/plugins/dramatiq/peer/run_dramatiq_suite.py --compare
 
 1. Downloads the sdist of the installed dramatiq from PyPI (``pip download --no-deps
    --no-binary :all:``) into ``.peer/`` (git-ignored; never committed) and unpacks its
@@ -17,7 +18,8 @@
    Prints the counts and every failure with its reason (``EXPECTED`` below, or
    "UNEXPECTED"), writes ``.peer/dramatiq-<version>-<mode>-results.json``, and exits 0
    only when every failure is an expected one (with ``--stock``: the baseline, whose
-   failures are all listed as they are).
+   failures are all listed as they are). ``--compare`` runs all four (stock and belayq,
+   both sets of tests) and ends with the counts side by side.
 """
 
 from __future__ import annotations
@@ -238,7 +240,25 @@ def report(stock: bool, on_redis: bool, seconds: float) -> int:
     return 1 if unexpected else 0
 
 
+def compare(rest: list[str]) -> int:
+    """Both sets of tests with stock RedisBroker and with belayq's Broker, one after the
+    other; prints the counts side by side. Exit code: belayq's."""
+    codes = [main([*rest, *flags]) for flags in ([], ["--on-redis"], ["--stock"],
+                                                   ["--stock", "--on-redis"])]
+    print(f"\nDramatiq {version()}: passed / failed / not run")
+    for on_redis, label in ((False, "Redis broker tests"), (True, "StubBroker tests on Redis")):
+        row = []
+        for stock in (True, False):
+            path = CACHE / f"dramatiq-{version()}-{mode(stock, on_redis)}-results.json"
+            r = json.loads(path.read_text())
+            row.append(f"{r['passed']} / {r['failed']} / {len(r.get('not_run', []))}")
+        print(f"  {label:28} stock {row[0]:14} belayq {row[1]}")
+    return max(codes[:2])
+
+
 def main(argv: list[str]) -> int:
+    if "--compare" in argv:
+        return compare([a for a in argv if a != "--compare"])
     if "--all" in argv:
         rest = [a for a in argv if a != "--all"]
         return max(main(rest), main([*rest, "--on-redis"]))
