@@ -52,6 +52,14 @@ SPECS = [
         "unshare",
     ),
     Spec(
+        "dramatiq-peer",
+        [sys.executable, "tests/plugins/dramatiq/peer/run_dramatiq_suite.py", "--all"],
+        "tests/plugins/dramatiq/test_dramatiq_peer_suite.py::"
+        "test_dramatiq_own_tests_pass_with_belayq_swapped_in",
+        "BELAYQ_PEER",
+        "unshare",
+    ),
+    Spec(
         "matrix",
         [sys.executable, "-m", "tests.matrix.run_matrix"],
         "tests/matrix/test_matrix.py::test_oldest_and_newest_framework_versions_pass",

@@ -24,7 +24,7 @@ def adapter_sources() -> list[Path]:
 
 def test_adapters_exist_to_check() -> None:
     packages = {p.relative_to(ROOT / "plugins").parts[2] for p in adapter_sources()}
-    assert packages >= {"belayq_kombu", "belayq_rq"}
+    assert packages >= {"belayq_kombu", "belayq_rq", "belayq_dramatiq"}
 
 
 def test_adapters_hold_no_lua_key_strings_or_queue_commands() -> None:

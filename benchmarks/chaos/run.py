@@ -309,4 +309,4 @@ def _stop_all(started: list[WorkerProc], injector: Injector, ledger: LedgerReade
 
 def _is_worker(pid: int) -> bool:
     cmd = procs.cmdline(pid)
-    return "celery" in cmd or "rq worker" in cmd or "/rq " in cmd
+    return "celery" in cmd or "rq worker" in cmd or "/rq " in cmd or "dramatiq" in cmd

@@ -1,4 +1,4 @@
-"""The four stacks under test: how to start a worker, publish a task and read the queue's
+"""The stacks under test: how to start a worker, publish a task and read the queue's
 counters. Workers are real subprocesses (``celery ... worker -P prefork``, ``rq worker``
 with the forking Worker), each in its own session so the harness can find its tree."""
 
@@ -22,7 +22,8 @@ from .servers import BrokerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RQ_BIN = str(Path(sys.executable).with_name("rq"))
-STACKS = ("celery-belayq", "rq-belayq", "celery-stock", "rq-stock")
+STACKS = ("celery-belayq", "rq-belayq", "dramatiq-belayq", "celery-stock", "rq-stock",
+          "dramatiq-stock")
 # RQ's scheduler (for enqueue_in) runs in one worker, under a lock that lives 61 s past
 # its holder's death; another worker takes it over at its next maintenance pass (default
 # every 600 s), which an idle worker runs only when its blocking dequeue times out
@@ -415,13 +416,21 @@ def _names(items: Any) -> list[str]:
     return [x.decode() if isinstance(x, bytes) else str(x) for x in items]
 
 
-def make_stack(name: str, cfg: StackConfig) -> Stack:
-    classes: dict[str, type[Stack]] = {
+def _classes() -> dict[str, type[Stack]]:
+    from .dramatiq_stacks import DramatiqBelayq, DramatiqStock
+
+    return {
         "celery-belayq": CeleryBelayq,
         "celery-stock": CeleryStock,
         "rq-belayq": RQBelayq,
         "rq-stock": RQStock,
+        "dramatiq-belayq": DramatiqBelayq,
+        "dramatiq-stock": DramatiqStock,
     }
+
+
+def make_stack(name: str, cfg: StackConfig) -> Stack:
+    classes = _classes()
     return classes[name](cfg)
 
 
@@ -432,11 +441,6 @@ def unsupported(name: str, broker: str, wait_replicas: int = 0) -> str | None:
         broker=BrokerSpec(broker), ledger_url="", run="", logdir=Path(), lease_s=1, sweep_s=1,
         max_deliveries=1, workers=1, concurrency=1, long_task_s=1, wait_replicas=wait_replicas,
     )  # fmt: skip
-    classes: dict[str, type[Stack]] = {
-        "celery-belayq": CeleryBelayq,
-        "celery-stock": CeleryStock,
-        "rq-belayq": RQBelayq,
-        "rq-stock": RQStock,
-    }
+    classes = _classes()
     reason = classes[name].unsupported(cfg)
     return None if reason is None else f"{name} on --broker {broker}: {reason}"

@@ -1,4 +1,4 @@
-"""The three distributions say one version, the adapters pin the core to it, the packages
+"""The four distributions say one version, the adapters pin the core to it, the packages
 report it, the changelog has its entry, and each distribution ships the repository's
 licence. Read from the sources (no build): tests/dist/test_wheels.py checks the built
 distributions."""
@@ -16,13 +16,14 @@ except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
     import tomli as tomllib
 
 import belayq
+import belayq_dramatiq
 import belayq_kombu
 import belayq_rq
 from belayq import SCHEMA_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECTS = {"belayq": ROOT / "core", "belayq-kombu": ROOT / "plugins/kombu",
-            "belayq-rq": ROOT / "plugins/rq"}
+            "belayq-rq": ROOT / "plugins/rq", "belayq-dramatiq": ROOT / "plugins/dramatiq"}
 
 
 def project(name: str) -> dict[str, Any]:
@@ -37,11 +38,11 @@ def version() -> str:
 def test_one_version_pinned_exactly_and_reported_by_every_package() -> None:
     assert {name: project(name)["version"] for name in PROJECTS} == dict.fromkeys(
         PROJECTS, version())
-    for adapter in ("belayq-kombu", "belayq-rq"):
+    for adapter in ("belayq-kombu", "belayq-rq", "belayq-dramatiq"):
         core_pins = [d for d in project(adapter)["dependencies"] if re.match(r"belayq\b", d)]
         assert core_pins == [f"belayq=={version()}"], adapter
-    assert [belayq.__version__, belayq_kombu.__version__, belayq_rq.__version__] == [
-        version()] * 3
+    assert [belayq.__version__, belayq_kombu.__version__, belayq_rq.__version__,
+            belayq_dramatiq.__version__] == [version()] * 4
     assert {name: metadata.version(name) for name in PROJECTS} == dict.fromkeys(
         PROJECTS, version())
 

@@ -1,9 +1,10 @@
-"""The three distributions as a user gets them: built with ``uv build`` into a temporary
+"""The four distributions as a user gets them: built with ``uv build`` into a temporary
 folder, checked with ``twine check --strict``, and installed into a fresh virtual
 environment outside the repository from their wheels alone (their dependencies come from
 PyPI; nothing else of the checkout: no editable install, no PYTHONPATH). There a Celery
 worker on ``belayq://`` runs a task, an ``rq worker -w belayq_rq.Worker --burst`` runs a
-job enqueued with ``belayq_rq.Queue``, ``belayq --help`` runs from the environment's entry
+job enqueued with ``belayq_rq.Queue``, a Dramatiq worker on ``belayq_dramatiq.Broker`` runs a
+message, ``belayq --help`` runs from the environment's entry
 point, and, once the extras are installed, the exporter and the dashboard serve. Last, the
 commands the READMEs give for installing from a checkout (pip, and uv) are run as written.
 
@@ -39,7 +40,8 @@ from tests.support import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The package each distribution installs.
-PACKAGES = {"belayq": "belayq", "belayq-kombu": "belayq_kombu", "belayq-rq": "belayq_rq"}
+PACKAGES = {"belayq": "belayq", "belayq-kombu": "belayq_kombu", "belayq-rq": "belayq_rq",
+            "belayq-dramatiq": "belayq_dramatiq"}
 #: With redis-py 8.2.0, an rq 2.12 worker (stock or belayq's) may take 60 s to exit: RQ's
 #: unsubscribe calls PubSubWorkerThread.stop(), which now joins the listener thread while it
 #: waits up to RQ's 60 s sleep_time for a subscription. The rest of the suite runs 8.1.
@@ -104,7 +106,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
                            env=env, capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
     wheels = sorted(str(w) for w in dist.glob("*.whl"))
-    assert len(wheels) == 3, wheels
+    assert len(wheels) == 4, wheels
     for step in ([uv, "venv", "--quiet", "--python", sys.executable, str(venv)],
                  [uv, "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
                   *wheels, "celery>=5.3,<6", REDIS_PY]):
@@ -219,6 +221,33 @@ def test_an_rq_worker_runs_a_job_of_a_belayq_queue(installed: Installed, r: redi
     assert r.hexists("belayq:queues", f"rq/{queue}"), log
 
 
+def test_a_dramatiq_worker_runs_a_message_on_the_belayq_broker(
+    installed: Installed, r: redis.Redis
+) -> None:
+    queue, key = f"dist-{uuid.uuid4().hex[:8]}", f"dist-dramatiq-{uuid.uuid4().hex}"
+    script = textwrap.dedent(f"""
+        import dramatiq, redis, belayq_dramatiq
+        from dramatiq import Worker
+
+        broker = belayq_dramatiq.Broker(url={installed.url!r})
+        dramatiq.set_broker(broker)
+
+        @dramatiq.actor(queue_name={queue!r})
+        def mark(key):
+            redis.Redis.from_url({installed.url!r}).set(key, belayq_dramatiq.__file__)
+
+        mark.send({key!r})
+        worker = Worker(broker, worker_timeout=100)
+        worker.start()
+        broker.join({queue!r}, timeout=30_000)
+        worker.stop()
+    """)
+    done = installed.run(installed.python, "-c", script)
+    log = done.stdout + done.stderr
+    assert Path(r.get(key).decode()).resolve().is_relative_to(installed.site_packages()), log
+    assert r.hexists("belayq:queues", f"dramatiq/{queue}"), log
+
+
 def test_the_extras_serve_the_exporter_and_the_dashboard(
     installed: Installed, r: redis.Redis
 ) -> None:
@@ -266,7 +295,7 @@ def _get(port: int, path: str, proc: subprocess.Popen[str]) -> str | None:
 
 def test_twine_accepts_the_dists_and_their_metadata_is_complete(installed: Installed) -> None:
     dists = sorted(installed.dist.glob("*.whl")) + sorted(installed.dist.glob("*.tar.gz"))
-    assert len(dists) == 6
+    assert len(dists) == 8
     installed.run(uv_binary(), "tool", "run", "--from", "twine>=6.1", "twine", "check",
                   "--strict", *map(str, dists))
     classifiers: set[str] = set()
@@ -310,10 +339,11 @@ def test_twine_accepts_the_dists_and_their_metadata_is_complete(installed: Insta
 #: repository's root (README.md gives the first; core/README.md both). uv needs --no-sources:
 #: the workspace's own sources would install the core editable, pointing into the checkout.
 FROM_A_CHECKOUT = {
-    "pip": "pip install ./core ./plugins/kombu ./plugins/rq",
-    "uv": "uv pip install --no-sources ./core ./plugins/kombu ./plugins/rq",
+    "pip": "pip install ./core ./plugins/kombu ./plugins/rq ./plugins/dramatiq",
+    "uv": "uv pip install --no-sources ./core ./plugins/kombu ./plugins/rq ./plugins/dramatiq",
 }
-FOLDERS = {"belayq": "core", "belayq-kombu": "plugins/kombu", "belayq-rq": "plugins/rq"}
+FOLDERS = {"belayq": "core", "belayq-kombu": "plugins/kombu", "belayq-rq": "plugins/rq",
+           "belayq-dramatiq": "plugins/dramatiq"}
 
 
 @pytest.mark.parametrize("tool", sorted(FROM_A_CHECKOUT))
@@ -338,7 +368,8 @@ def test_the_readme_command_installs_from_a_checkout(tool: str, tmp_path: Path) 
         from importlib import metadata
         out = {"site": sysconfig.get_path("purelib"), "dists": {}}
         for dist, package in {"belayq": "belayq", "belayq-kombu": "belayq_kombu",
-                              "belayq-rq": "belayq_rq"}.items():
+                              "belayq-rq": "belayq_rq",
+                              "belayq-dramatiq": "belayq_dramatiq"}.items():
             origin = json.loads(metadata.distribution(dist).read_text("direct_url.json"))
             out["dists"][dist] = [metadata.version(dist), importlib.import_module(package).__file__,
                                   origin]

@@ -53,9 +53,9 @@ RULES = [
                                                  '"celery_app.py"')),
     Rule(r"^uv run examples/rq_app\.py", by=("tests/plugins/rq/test_example.py",
                                              '"rq_app.py"')),
-    Rule(r"^pip install \./core \./plugins/kombu \./plugins/rq$",
+    Rule(r"^pip install \./core \./plugins/kombu \./plugins/rq \./plugins/dramatiq$",
          by=("tests/dist/test_wheels.py", "plugins")),
-    Rule(r"^pip install (\"?belayq\[|belayq-kombu$|belayq-rq$)",
+    Rule(r"^pip install (\"?belayq\[|belayq-kombu$|belayq-rq$|belayq-dramatiq$)",
          why="installs from PyPI; tests/dist installs the same distributions from their wheels"),
     Rule(r"^pip install uv$", why="installs the tool the other commands run with"),
     Rule(r"^uv run mkdocs serve$", why="serves until stopped; tests/docs/test_site.py builds "
@@ -65,6 +65,8 @@ RULES = [
     Rule(r"^uv run python -m tests\.web\.screenshots docs/img$",
          why="runs the browser tests (tests/web/test_page*.py, run with the suite), keeping "
          "their screenshots in docs/img"),
+    Rule(r"^uv run python tests/plugins/dramatiq/peer/run_dramatiq_suite\.py",
+         by=("tests/plugins/dramatiq/test_dramatiq_peer_suite.py", '"dramatiq-peer"')),
     Rule(r"^uv run python tests/plugins/kombu/run_celery_suite\.py$",
          why="Celery's own integration suite, about an hour; its results are in docs/celery.md"),
 ]

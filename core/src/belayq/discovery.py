@@ -28,6 +28,7 @@ from .keys import (
     RQ_QUEUES,
     SHARDS_FIELD,
     QueueKeys,
+    dramatiq_layout,
     kombu_binding_key,
     kombu_binding_queue,
     kombu_layout,
@@ -40,7 +41,7 @@ from .registry import KEPT_FIELDS, QueueRecord, Registry
 from .sharded import AnyQueue, ShardedQueue, recorded_shards
 
 #: The kinds every belayq knows how to lay out without a record.
-KNOWN_KINDS = ("belayq", "kombu", "rq")
+KNOWN_KINDS = ("belayq", "kombu", "rq", "dramatiq")
 
 #: Celery's default exchange, through which it routes every queue it creates by name.
 KOMBU_DEFAULT_EXCHANGE = "celery"
@@ -172,6 +173,8 @@ def layout_of(kind: str, name: str, prefix: str = "belayq") -> dict[str, Any]:
         return kombu_layout(name)
     if kind == "rq":
         return rq_layout(name)
+    if kind == "dramatiq":  # stock RedisBroker's list; its .msgs hash is the adapter's
+        return {k: v for k, v in dramatiq_layout(name).items() if k != "messages"}
     if kind == "belayq":
         return {"prefix": prefix}
     raise NoQueue(f"queues of kind {kind!r} are opened by their framework's belayq adapter; "

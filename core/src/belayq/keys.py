@@ -252,6 +252,27 @@ def rq_layout(name: str) -> dict[str, object]:
             "ready_head": "left", "kind": "rq"}
 
 
+def dramatiq_layout(
+    name: str, *, namespace: str = "dramatiq", cluster: bool = False
+) -> dict[str, object]:
+    """The ReliableQueue arguments of Dramatiq queue ``name`` as ``belayq_dramatiq`` lays it
+    out: stock ``RedisBroker``'s own list ``<namespace>:<name>`` holds the message ids,
+    pushed right, claimed from the left, and each message's body stays in the hash
+    ``<list>.msgs`` (``messages``, which the adapter reads and deletes; not an argument of
+    ReliableQueue). Stock Dramatiq never ran on a cluster, so with ``cluster`` the name sits
+    in a hash tag (``dramatiq:{name}``), putting the list, its ``.msgs`` hash and the
+    companion keys on one slot."""
+    ready = f"{namespace}:{{{name}}}" if cluster else f"{namespace}:{name}"
+    return {"ready_key": ready, "payload_in_list": True, "ready_head": "left",
+            "priority_steps": (0,), "kind": "dramatiq", "messages": dramatiq_messages(ready)}
+
+
+def dramatiq_messages(ready_key: str) -> str:
+    """The hash of message bodies beside Dramatiq's list ``ready_key`` (id -> body), as
+    stock ``RedisBroker`` names it."""
+    return f"{ready_key}.msgs"
+
+
 #: RQ's own list of its queues: a set of their list names (``rq:queue:NAME``).
 RQ_QUEUES = "rq:queues"
 

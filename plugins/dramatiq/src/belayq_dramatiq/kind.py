@@ -1,0 +1,93 @@
+"""belayq's tools on Dramatiq queues (the ``belayq.kinds`` entry point ``dramatiq``): what
+Dramatiq keeps beside its queue list (the message bodies in ``<list>.msgs``), and the
+failed runs its workers record (:mod:`belayq_dramatiq.failed`).
+
+* ``belayq purge`` deletes the waiting messages' bodies with their ids, as stock
+  ``RedisBroker.flush`` does.
+* The dashboard's message detail shows the message as Dramatiq sent it: the actor, its
+  arguments, options and when it was sent (the core's own payload is only the id), and its
+  last failed run when one is recorded.
+* The dashboard lists, opens and deletes the failed runs. It does not requeue them: a
+  Dramatiq message is retried by its actor's ``Retries`` policy, which knows what may run
+  twice; a message that gave up is in the dead-letter set, which the tools replay.
+* The metrics read the oldest waiting message's send time (one ``HGET`` of its body), and
+  count the failed runs.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from belayq import ReliableQueue, failures
+from belayq.keys import dramatiq_messages
+from belayq.sharded import AnyQueue
+
+
+def _messages(queue: AnyQueue) -> str | None:
+    """The bodies' hash of a queue laid out on Dramatiq's list (None: a queue belayq owns,
+    whose payloads are the bodies)."""
+    if not isinstance(queue, ReliableQueue) or queue.record().ready_key is None:
+        return None
+    return dramatiq_messages(queue.keys.ready)
+
+
+def _body(queue: AnyQueue, message_id: str | bytes) -> dict[str, Any] | None:
+    messages = _messages(queue)
+    if messages is None:
+        return None
+    raw = queue.client.hget(messages, message_id)
+    if raw is None:
+        return None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
+
+
+class DramatiqTools:
+    """The tools' Dramatiq-specific work (see :class:`belayq.kinds.KindTools`)."""
+
+    def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
+        messages = _messages(queue)
+        bodies = 0
+
+        def drop(entries: list[bytes]) -> None:
+            nonlocal bodies
+            if entries and messages is not None:
+                bodies += int(queue.client.hdel(messages, *entries))
+
+        purged = queue.purge(delayed=delayed, on_entries=drop)
+        return {"ready": purged.ready, "delayed": purged.delayed, "bodies_deleted": bodies}
+
+    def failed_count(self, queue: AnyQueue) -> int:
+        return failures.count(queue)
+
+    def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
+        return [{"id": r["id"], "task": r.get("task"), "failed_at_ms": r.get("failed_at_ms"),
+                 "reason": r.get("reason")} for r in failures.newest(queue, limit)]
+
+    def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
+        return failures.delete(queue, ids)
+
+    def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
+        """Message ``message_id`` (its id in the queue's list) as Dramatiq sent it, or the
+        last failed run of Dramatiq message ``message_id``; None when neither is kept."""
+        body = _body(queue, message_id)
+        out: dict[str, Any] = {}
+        if body is not None:
+            out = {key: body.get(key) for key in ("actor_name", "queue_name", "args", "kwargs",
+                                                  "options", "message_id", "message_timestamp")}
+        failed = failures.get(queue, str(out.get("message_id") or message_id))
+        if failed is not None:
+            out["last_failure"] = failed
+        return out or None
+
+    def published_ms(self, queue: AnyQueue, entry: bytes) -> float | None:
+        body = _body(queue, entry)
+        sent = None if body is None else body.get("message_timestamp")
+        return float(sent) if isinstance(sent, (int, float)) else None
+
+
+TOOLS = DramatiqTools()

@@ -1,0 +1,111 @@
+"""Fixtures of the Dramatiq tests: a redis-server flushed before each test (Dramatiq's keys
+are global: ``dramatiq:default``), and real ``dramatiq`` worker subprocesses running
+``app.py``, killed by process group when the test ends."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from belayq.embedded import RedisServer
+from tests.conftest import flushed_client
+from tests.support import wait_for
+
+ROOT = Path(__file__).resolve().parents[3]
+APP = "tests.plugins.dramatiq.app"
+
+
+@pytest.fixture
+def conn(private_redis: RedisServer) -> Iterator[redis.Redis]:
+    with flushed_client(private_redis) as client:
+        yield client
+
+
+@pytest.fixture
+def url(private_redis: RedisServer) -> str:
+    return f"redis://127.0.0.1:{private_redis.port}/0"
+
+
+class Worker:
+    """One ``dramatiq`` command (one worker process) with its log file."""
+
+    def __init__(self, url: str, log: Path, *, stock: bool, threads: int,
+                 env: dict[str, str]) -> None:
+        self.log = log
+        child = dict(os.environ, DQ_URL=url, DQ_STOCK="1" if stock else "0", **env)
+        child["PYTHONPATH"] = os.pathsep.join(
+            [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+        )
+        with log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dramatiq", APP, "--processes", "1", "--threads",
+                 str(threads), "--worker-shutdown-timeout", "5000"],
+                env=child, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def kill(self) -> None:
+        """kill -9 the command and its worker process."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> int:
+        """Stop it as a deploy does (SIGTERM to the command, which stops its worker
+        process); returns its exit code."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signal.SIGTERM)
+        return self.proc.wait(15)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+class Workers:
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp, self.all = url, tmp, []  # type: ignore[var-annotated]
+
+    def start(self, *, stock: bool = False, threads: int = 2, **env: str) -> Worker:
+        w = Worker(self.url, self.tmp / f"worker-{len(self.all)}.log", stock=stock,
+                   threads=threads, env={k.upper(): v for k, v in env.items()})
+        self.all.append(w)
+        return w
+
+    def kill_all(self) -> None:
+        for w in self.all:
+            if w.proc.poll() is None:
+                w.kill()
+
+
+@pytest.fixture
+def workers(url: str, conn: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
+    ws = Workers(url, tmp_path)
+    try:
+        yield ws
+    finally:
+        ws.kill_all()
+
+
+def entries(conn: redis.Redis, what: str) -> list[tuple[str, int]]:
+    """``(key, pid)`` of everything recorded under ``t:<what>``, in order."""
+    out = []
+    for raw in conn.lrange(f"t:{what}", 0, -1):
+        key, pid = raw.decode().split()
+        out.append((key, int(pid)))
+    return out
+
+
+def wait_recorded(
+    conn: redis.Redis, what: str, count: int, timeout: float
+) -> list[tuple[str, int]]:
+    """Wait until ``t:<what>`` holds ``count`` entries; returns them."""
+    return wait_for(lambda: (e := entries(conn, what)) and len(e) >= count and e, timeout,
+                    lambda: f"{count} entries in t:{what}, got {entries(conn, what)}")

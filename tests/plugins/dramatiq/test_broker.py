@@ -1,0 +1,201 @@
+"""belayq_dramatiq.Broker in process, with Dramatiq's own Worker and middleware: dead
+letters with their reasons, retries waiting in Redis, Callbacks, Pipelines, Results,
+AgeLimit, TimeLimit, prefetched claims handed back uncounted, the registry's kind."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+from dramatiq import Worker
+from dramatiq.errors import ConnectionClosed
+from dramatiq.middleware import TimeLimitExceeded
+from dramatiq.results import Results
+from dramatiq.results.backends import RedisBackend
+
+from belayq import ConfigError, ConnectionLost
+from belayq.kinds import tools_for
+from belayq.registry import Registry
+from belayq_dramatiq import Broker
+from tests.support import wait_for
+
+
+@pytest.fixture
+def broker(url: str, conn: redis.Redis) -> Iterator[Broker]:
+    b = Broker(url=url, lease_ms=2000)
+    b.add_middleware(Results(backend=RedisBackend(client=redis.Redis.from_url(url))))
+    b.emit_after("process_boot")  # as the dramatiq command does (TimeLimit's timer)
+    dramatiq.set_broker(b)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+@pytest.fixture
+def worker(broker: Broker) -> Iterator[Worker]:
+    w = Worker(broker, worker_timeout=100, worker_threads=4)
+    w.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+
+
+def drain(broker: Broker, worker: Worker, queue: str = "default") -> None:
+    broker.join(queue, timeout=20_000)
+    worker.join()
+
+
+def reasons(broker: Broker, queue: str = "default") -> list[str]:
+    return sorted(d.reason for d in broker.store(queue).core.dead_letters())
+
+
+def test_nack_dead_letters_with_the_reason(broker: Broker, worker: Worker) -> None:
+    @dramatiq.actor(max_retries=0)
+    def fails() -> None:
+        raise ValueError("boom")
+
+    message = fails.send()
+    drain(broker, worker)
+    assert reasons(broker) == ["ValueError: boom"]
+    # the failed run is recorded for the tools, with its traceback
+    core = broker.store("default").core
+    tools = tools_for("dramatiq")
+    assert tools is not None
+    [row] = tools.failed(core, 10)  # type: ignore[attr-defined]
+    assert (row["id"], row["task"], row["reason"]) == (message.message_id, "fails",
+                                                       "ValueError: boom")
+    detail = tools.message(core, message.options["redis_message_id"])  # type: ignore[attr-defined]
+    assert "raise ValueError" in detail["last_failure"]["traceback"]
+    assert detail["actor_name"] == "fails"
+
+
+def test_unknown_actor_is_dead_lettered_with_the_reason(broker: Broker, worker: Worker) -> None:
+    broker.declare_queue("default")
+    broker.enqueue(dramatiq.Message(queue_name="default", actor_name="nobody", args=(),
+                                    kwargs={}, options={}))
+    drain(broker, worker)
+    [reason] = reasons(broker)
+    assert reason.startswith("ActorNotFound")
+
+
+def test_retries_keep_deciding_and_their_backoff_waits_in_redis(
+    broker: Broker, worker: Worker
+) -> None:
+    runs: list[float] = []
+
+    @dramatiq.actor(max_retries=1, min_backoff=300, max_backoff=300)
+    def flaky() -> None:
+        runs.append(time.monotonic())
+        if len(runs) == 1:
+            raise RuntimeError("first")
+
+    flaky.send()
+    core = broker.store("default").core
+    wait_for(lambda: core.stats()["delayed"] == 1, 10, core.stats)  # the retry, in Redis
+    drain(broker, worker)
+    assert len(runs) == 2 and runs[1] - runs[0] >= 0.14  # Retries' jitter: 150-300 ms
+    assert core.stats()["promoted"] == 1 and reasons(broker) == []
+
+
+def test_callbacks_pipelines_and_results_work_unchanged(broker: Broker, worker: Worker) -> None:
+    seen: list[Any] = []
+
+    @dramatiq.actor(store_results=True)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    @dramatiq.actor
+    def on_ok(message: dict[str, Any], result: int) -> None:
+        seen.append(result)
+
+    pipe = add.message(1, 2) | add.message(10)
+    pipe.run()
+    assert pipe.get_result(block=True, timeout=10_000) == 13
+    add.send_with_options(args=(20, 22), on_success=on_ok)
+    wait_for(lambda: seen, 10, "the on_success callback")
+    assert seen == [42]
+
+
+def test_age_and_time_limits_dead_letter_with_their_reasons(
+    broker: Broker, worker: Worker
+) -> None:
+    @dramatiq.actor(max_retries=0, time_limit=200)
+    def too_long() -> None:
+        for _ in range(100):
+            time.sleep(0.05)
+
+    @dramatiq.actor(max_retries=0, max_age=1)
+    def too_old() -> None:
+        raise AssertionError("not run")
+
+    too_long.send()
+    too_old.send_with_options(delay=50)
+    drain(broker, worker)
+    age, limit = reasons(broker)  # sorted
+    assert age == "SkipMessage: Message age limit exceeded"
+    assert limit.startswith(TimeLimitExceeded.__name__)
+
+
+def test_prefetched_messages_go_back_uncounted_on_close(broker: Broker) -> None:
+    broker.declare_queue("default")
+    for _ in range(3):
+        broker.enqueue(dramatiq.Message(queue_name="default", actor_name="x", args=(),
+                                        kwargs={}, options={}))
+    consumer = broker.consume("default", prefetch=3, timeout=100)
+    first = next(consumer)
+    assert first is not None and consumer.outstanding_message_count == 3
+    consumer.close()  # the two still cached go back
+    core = broker.store("default").core
+    stats = core.stats()
+    assert stats["ready"] == 2 and stats["in_flight"] == 1
+    consumer.requeue([first])  # as a stopping worker does with what it never started
+    assert core.stats()["ready"] == 3
+    assert all(lease.attempts == 0 for lease in core.in_flight())
+
+
+def test_queues_are_recorded_as_kind_dramatiq(broker: Broker, conn: redis.Redis) -> None:
+    broker.declare_queue("emails")
+    [record] = [r for r in Registry(conn).all() if r.name == "emails"]
+    assert (record.kind, record.ready_key) == ("dramatiq", "dramatiq:emails")
+    assert record.lease_ms == 2000
+
+
+def test_claims_whose_bodies_cannot_be_read_are_handed_back(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    broker.declare_queue("default")
+    broker.enqueue(dramatiq.Message(queue_name="default", actor_name="x", args=(),
+                                    kwargs={}, options={}))
+    store = broker.store("default")
+
+    def unreachable(deliveries: object) -> None:
+        raise ConnectionLost("Redis unreachable during bodies")
+
+    monkeypatch.setattr(store, "bodies", unreachable)
+    consumer = broker.consume("default", prefetch=2, timeout=100)
+    with pytest.raises(ConnectionClosed):  # Dramatiq's consumer thread restarts it
+        next(consumer)
+    stats = store.core.stats()
+    assert (stats["ready"], stats["in_flight"]) == (1, 0)  # back at once, uncounted
+    assert store.core.held == []  # nothing kept alive by this process
+
+
+def test_options_are_checked_when_the_broker_is_built() -> None:
+    for options, named in (({"lease_ms": 5000}, "own keywords"),
+                           ({"payload_in_list": False}, "sets ['payload_in_list'] itself"),
+                           ({"leas_ms": 5000}, "unknown"),
+                           ({"sweep_interval_ms": 0}, "sweep_interval_ms")):
+        with pytest.raises(ConfigError, match=re.escape(named)):
+            Broker(url="redis://127.0.0.1:1/0", belayq_options=options)
+    with pytest.raises(ConfigError, match="lease_ms"):
+        Broker(url="redis://127.0.0.1:1/0", lease_ms=10)
+    # stock RedisBroker's maintenance settings are accepted, so the swap needs no edit
+    Broker(url="redis://127.0.0.1:1/0", maintenance_chance=1000, heartbeat_timeout=60000,
+           dead_message_ttl=1000).close()

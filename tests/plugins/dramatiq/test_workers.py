@@ -1,0 +1,159 @@
+"""Real ``dramatiq`` worker processes on belayq_dramatiq.Broker: kill -9 mid-task, a poison
+actor, a task outliving its lease, an ``eta`` across a worker restart, a stale ack after a
+freeze. Leases are 1 s (the app's default here) so each proof takes seconds."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+
+from belayq_dramatiq import Broker
+from tests.plugins.dramatiq.conftest import Workers, entries, wait_recorded
+from tests.support import wait_for
+
+LEASE_MS = 1000
+
+
+@pytest.fixture
+def broker(url: str, conn: redis.Redis) -> Iterator[Broker]:
+    b = Broker(url=url, lease_ms=LEASE_MS)
+    b.declare_queue("default")
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def send(broker: dramatiq.Broker, actor: str, *args: Any, delay: int | None = None
+         ) -> dramatiq.Message[Any]:
+    message: dramatiq.Message[Any] = dramatiq.Message(
+        queue_name="default", actor_name=actor, args=args, kwargs={}, options={})
+    return broker.enqueue(message, delay=delay)
+
+
+def test_kill_9_mid_task_every_message_finishes_within_the_lease(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    a = workers.start(threads=2)
+    send(broker, "slow", "long", 30.0, 0.2)
+    for i in range(20):
+        send(broker, "mark", f"m{i}")
+    [(_, pid)] = wait_recorded(conn, "started", 1, 30)
+    wait_recorded(conn, "done", 20, 30)
+    a.kill()
+    killed = time.monotonic()
+    workers.start(threads=2)
+    done = wait_recorded(conn, "done", 21, 30)
+    back = time.monotonic() - killed
+    assert {k for k, _ in done} == {"long", *(f"m{i}" for i in range(20))}
+    [(_, second)] = [e for e in entries(conn, "started") if e[1] != pid]
+    assert second != pid
+    # lease + one sweep + a worker's start (about 1-2 s here), generously
+    assert back < LEASE_MS / 1000 + 10, back
+    stats = broker.store("default").core.stats()
+    assert stats["reclaimed"] == 1 and stats["in_flight"] == 0 and stats["dead"] == 0
+
+
+def test_a_worker_process_whose_main_process_was_killed_exits(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    """kill -9 of the ``dramatiq`` main process alone: its worker process, orphaned, exits
+    (else it would run on with its log pipe filling up, its leases kept alive), and the
+    message it held runs on another worker."""
+    a = workers.start(threads=1)
+    send(broker, "slow", "orphaned", 30.0, 0.1)
+    [(_, child)] = wait_recorded(conn, "started", 1, 30)
+    assert child != a.proc.pid
+    os.kill(a.proc.pid, signal.SIGKILL)
+    a.proc.wait(10)
+    wait_for(lambda: not _alive(child), 10, f"worker process {child} to exit")
+    workers.start(threads=1)
+    [(key, pid)] = wait_recorded(conn, "done", 1, 30)
+    assert key == "orphaned" and pid != child
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_poison_actor_is_dead_lettered_after_the_configured_runs(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    send(broker, "poison", "p")
+    for _ in range(2):  # a supervisor restarting the command each time it stops
+        w = workers.start(threads=1, dq_max_deliveries="2")
+        w.proc.wait(30)
+    # the next worker's sweep dead-letters it instead of running it a third time, and the
+    # queue works on
+    workers.start(threads=1, dq_max_deliveries="2")
+    core = broker.store("default").core
+    dead = wait_for(core.dead_letters, 30, lambda: core.stats())
+    assert [d.attempts for d in dead] == [2], dead
+    assert "max_deliveries=2" in dead[0].reason, dead[0].reason
+    send(broker, "mark", "after")
+    wait_recorded(conn, "done", 1, 30)
+    assert len(entries(conn, "started")) == 2
+
+
+def test_a_task_outliving_its_lease_runs_once(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    workers.start(threads=1)
+    workers.start(threads=1)
+    send(broker, "slow", "long", 3.5 * LEASE_MS / 1000)
+    wait_recorded(conn, "done", 1, 30)
+    assert len(entries(conn, "started")) == 1
+    stats = broker.store("default").core.stats()
+    assert stats.get("reclaimed", 0) == 0 and stats["acked"] == 1
+
+
+def test_eta_waits_in_redis_across_a_worker_restart(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    a = workers.start(threads=1)
+    sent_ms = int(time.time() * 1000)
+    message = send(broker, "mark", "eta", delay=4000)
+    assert message.options["eta"] >= sent_ms + 4000
+    core = broker.store("default").core
+    wait_for(lambda: a.log.exists() and "Worker process is ready" in a.output(), 30, a.output)
+    stats = core.stats()
+    assert stats["delayed"] == 1 and stats["in_flight"] == 0  # not held by the worker
+    assert a.stop() == 0
+    workers.start(threads=1)
+    [(key, _)] = wait_recorded(conn, "done", 1, 30)
+    assert key == "eta" and int(time.time() * 1000) >= sent_ms + 4000
+    assert core.stats()["acked"] == 1
+
+
+def test_a_frozen_workers_late_ack_is_refused(
+    broker: Broker, workers: Workers, conn: redis.Redis
+) -> None:
+    workers.start(threads=1)
+    # first run 2 s, the second 4 s: the frozen first run acks while the second holds it
+    send(broker, "slow", "f", 2.0, 4.0)
+    [(_, frozen)] = wait_recorded(conn, "started", 1, 30)
+    os.kill(frozen, signal.SIGSTOP)
+    try:
+        workers.start(threads=1)
+        started = wait_recorded(conn, "started", 2, 30)
+        assert started[1][1] != frozen
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    core = broker.store("default").core
+    wait_for(lambda: core.stats().get("stale_acks"), 30, core.stats)
+    wait_recorded(conn, "done", 2, 30)
+    wait_for(lambda: core.stats().get("acked") == 1, 10, core.stats)
+    stats = core.stats()
+    assert stats["stale_acks"] == 1 and stats["in_flight"] == 0 and stats["ready"] == 0
+    assert not conn.hlen("dramatiq:default.msgs")  # the accepted ack took the body
