@@ -69,7 +69,7 @@ class DramatiqTools:
                  "reason": r.get("reason")} for r in failures.newest(queue, limit)]
 
     def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
-        return failures.delete(queue, ids)
+        return failures.discard(queue, ids)
 
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
         """Message ``message_id`` (its id in the queue's list) as Dramatiq sent it, or the
