@@ -3,7 +3,7 @@ Broker swapped in (peer/run_dramatiq_suite.py --all): its Redis broker tests, an
 StubBroker tests (actors, middleware, composition, results, worker) on the Redis broker.
 Every failure must be one the runner lists as expected, with its reason.
 
-About 2 minutes, so it runs under CI=true (or BELAYQ_PEER=1) only, in the background from
+About a minute, so it runs under CI=true (or BELAYQ_PEER=1) only, in the background from
 the end of collection on (tests/conftest.py), overlapping the rest.
 """
 
@@ -26,7 +26,7 @@ from tests.plugins.dramatiq.conftest import ROOT
 @pytest.mark.timeout(600)
 def test_dramatiq_own_tests_pass_with_belayq_swapped_in() -> None:
     if not (CI or os.environ.get("BELAYQ_PEER") == "1"):
-        pytest.skip("Dramatiq's own tests take about 2 min: run under CI=true or BELAYQ_PEER=1")
+        pytest.skip("Dramatiq's own tests take about a minute: run under CI=true or BELAYQ_PEER=1")
     if shutil.which("unshare") is None:
         unavailable("`unshare` is needed to give Dramatiq's tests a private localhost:6379")
     code, stdout, stderr = background.get("dramatiq-peer").wait(580)
