@@ -39,6 +39,7 @@ CI_ENVS = ["kombu53", "kombu57", "rq20", "rq212", "py311-redis5"]
 SUBSETS = {
     "kombu": ["tests/plugins/kombu", "tests/badinput/test_celery_bad_input.py"],
     "rq": ["tests/plugins/rq", "tests/badinput/test_rq_bad_input.py"],
+    "dramatiq": ["tests/plugins/dramatiq"],
     "redis": ["tests/lua", "tests/conformance", "tests/core", "tests/security"],
 }
 
@@ -49,6 +50,7 @@ CI_SUBSETS = {
     "kombu": ["tests/plugins/kombu/test_transport.py", "tests/plugins/kombu/test_celery_worker.py",
               "-k", "not test_celery_worker or blip"],
     "rq": ["tests/plugins/rq/test_queue_worker.py"],
+    "dramatiq": ["tests/plugins/dramatiq/test_workers.py"],
     "redis": ["tests/lua/test_scripts.py", "tests/core/test_blocking.py"],
 }
 
@@ -56,7 +58,7 @@ CI_SUBSETS = {
 VERSIONS = (
     "import sys, importlib.metadata as m\n"
     "v = {'python': sys.version.split()[0]}\n"
-    "for d in ('redis', 'kombu', 'celery', 'rq'):\n"
+    "for d in ('redis', 'kombu', 'celery', 'rq', 'dramatiq'):\n"
     "    try: v[d] = m.version(d)\n"
     "    except m.PackageNotFoundError: v[d] = None\n"
     "print(__import__('json').dumps(v))\n"
@@ -78,7 +80,7 @@ def tox_envs() -> list[str]:
 
 
 def subset(env: str, ci: bool) -> list[str]:
-    kind = "kombu" if env.startswith("kombu") else "rq" if env.startswith("rq") else "redis"
+    kind = next((k for k in ("kombu", "rq", "dramatiq") if env.startswith(k)), "redis")
     return (CI_SUBSETS if ci else SUBSETS)[kind]
 
 
@@ -126,14 +128,15 @@ def run_env(env: str, full: bool, ci: bool) -> dict[str, object]:
 
 
 def table(results: list[dict[str, object]]) -> str:
-    rows = ["| env | Python | redis-py | kombu | Celery | rq | result | tests |",
-            "|---|---|---|---|---|---|---|---|"]
+    rows = ["| env | Python | redis-py | kombu | Celery | rq | Dramatiq | result | tests |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         shown = r.get("summary") or r.get("why", "")
         rows.append(
             f"| {r['env']} | {r.get('python', '-')} | {r.get('redis', '-')} | "
             f"{r.get('kombu', '-')} | {r.get('celery', '-')} | {r.get('rq', '-')} | "
-            f"{r['result']}: {shown} ({r.get('seconds', 0)} s) | {r.get('tests', '-')} |"
+            f"{r.get('dramatiq', '-')} | {r['result']}: {shown} ({r.get('seconds', 0)} s) | "
+            f"{r.get('tests', '-')} |"
         )
     return "\n".join(rows)
 
