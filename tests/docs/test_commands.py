@@ -62,6 +62,8 @@ RULES = [
          "the same site in strict mode"),
     Rule(r"^uv run pytest", run="pytest"),
     Rule(r"^(uv run )?python -m benchmarks\.", run="bench"),
+    Rule(r"^(uv run )?python -m tests\.matrix\.run_matrix", by=(
+        "tests/matrix/test_matrix.py", "run_matrix")),
     Rule(r"^uv run python -m tests\.web\.screenshots docs/img$",
          why="runs the browser tests (tests/web/test_page*.py, run with the suite), keeping "
          "their screenshots in docs/img"),
