@@ -93,6 +93,28 @@ def get(q: AnyQueue, job_id: str) -> dict[str, Any] | None:
     return json.loads(raw) if raw is not None else None
 
 
+class RecordedFailures:
+    """The dashboard's part (:class:`belayq.kinds.KindConsole`) for a kind whose adapter
+    records its failed runs here: count, list, open and delete them. No ``retry_failed``:
+    the framework's own retry policy requeues its jobs, so the dashboard offers no requeue
+    and says why."""
+
+    def failed_count(self, queue: AnyQueue) -> int:
+        return count(queue)
+
+    def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
+        return [{"id": r["id"], "task": r.get("task"), "failed_at_ms": r.get("failed_at_ms"),
+                 "reason": r.get("reason")} for r in newest(queue, limit)]
+
+    def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
+        return discard(queue, ids)
+
+    def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
+        """The record of job ``message_id``'s last failed run (None when none is kept)."""
+        found = get(queue, message_id)
+        return None if found is None else {**found, "status": "failed"}
+
+
 def discard(q: AnyQueue, job_ids: list[str]) -> int:
     """Delete the records of ``job_ids``; how many there were."""
     if not job_ids:

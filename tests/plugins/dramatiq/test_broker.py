@@ -72,8 +72,11 @@ def test_nack_dead_letters_with_the_reason(broker: Broker, worker: Worker) -> No
     assert (row["id"], row["task"], row["reason"]) == (message.message_id, "fails",
                                                        "ValueError: boom")
     detail = tools.message(core, message.options["redis_message_id"])  # type: ignore[attr-defined]
-    assert "raise ValueError" in detail["last_failure"]["traceback"]
+    assert "raise ValueError" in detail["last_failure"]["exc_info"]
     assert detail["actor_name"] == "fails"
+    # asked by Dramatiq's own id (no body under it): the failed run alone, as a failed job
+    run = tools.message(core, message.message_id)  # type: ignore[attr-defined]
+    assert (run["framework"], run["status"], run["task"]) == ("dramatiq", "failed", "fails")
 
 
 def test_unknown_actor_is_dead_lettered_with_the_reason(broker: Broker, worker: Worker) -> None:

@@ -38,11 +38,12 @@ class FailedRuns(Middleware):
         if exception is None or store is None or isinstance(exception, (Retry, SkipMessage)):
             return
         fields = {
+            "framework": "dramatiq",
             "task": message.actor_name,
             "args": repr(message.args),
             "kwargs": repr(message.kwargs),
             "reason": f"{type(exception).__name__}: {exception}",
-            "traceback": "".join(traceback.format_exception(
+            "exc_info": "".join(traceback.format_exception(
                 type(exception), exception, exception.__traceback__)),
             "retries": message.options.get("retries", 0),
             "worker": f"{socket.gethostname()}:{os.getpid()}",

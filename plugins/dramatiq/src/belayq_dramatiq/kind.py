@@ -20,6 +20,7 @@ import json
 from typing import Any
 
 from belayq import ReliableQueue, failures
+from belayq.failures import RecordedFailures
 from belayq.keys import dramatiq_messages
 from belayq.sharded import AnyQueue
 
@@ -46,8 +47,9 @@ def _body(queue: AnyQueue, message_id: str | bytes) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-class DramatiqTools:
-    """The tools' Dramatiq-specific work (see :class:`belayq.kinds.KindTools`)."""
+class DramatiqTools(RecordedFailures):
+    """The tools' Dramatiq-specific work (see :class:`belayq.kinds.KindTools`); its failed
+    runs are those its workers record (:class:`belayq.failures.RecordedFailures`)."""
 
     def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
         messages = _messages(queue)
@@ -61,20 +63,12 @@ class DramatiqTools:
         purged = queue.purge(delayed=delayed, on_entries=drop)
         return {"ready": purged.ready, "delayed": purged.delayed, "bodies_deleted": bodies}
 
-    def failed_count(self, queue: AnyQueue) -> int:
-        return failures.count(queue)
-
-    def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
-        return [{"id": r["id"], "task": r.get("task"), "failed_at_ms": r.get("failed_at_ms"),
-                 "reason": r.get("reason")} for r in failures.newest(queue, limit)]
-
-    def delete_failed(self, queue: AnyQueue, ids: list[str]) -> int:
-        return failures.discard(queue, ids)
-
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
         """Message ``message_id`` (its id in the queue's list) as Dramatiq sent it, or the
         last failed run of Dramatiq message ``message_id``; None when neither is kept."""
         body = _body(queue, message_id)
+        if body is None:  # gone from the queue: its last failed run, as the other kinds'
+            return super().message(queue, message_id)
         out: dict[str, Any] = {}
         if body is not None:
             out = {key: body.get(key) for key in ("actor_name", "queue_name", "args", "kwargs",

@@ -83,17 +83,30 @@ function payloadHtml(p) {
   return block("payload", p.text ?? "", "message-text") + size;
 }
 
+const FRAMEWORK_NAMES = { celery: "Celery", dramatiq: "Dramatiq" };
+
+/** A failed run an adapter recorded (belayq.failures). */
+function failedRunHtml(r) {
+  return `<h3>${esc(FRAMEWORK_NAMES[r.framework] || "The framework")}'s failed run</h3><dl>` +
+    field("task", r.task, "job-function") + field("status", r.status, "job-status") +
+    field("job id", r.id) + field("message id", r.message_id) +
+    field("failed", at(r.failed_at_ms)) + field("retries", r.retries) +
+    field("worker", r.worker) + field("root id", r.root_id) + field("parent id", r.parent_id) +
+    field("args", code(r.args), null, true) + field("kwargs", code(r.kwargs), null, true) +
+    field("exception", r.reason, "job-reason") + "</dl>" +
+    block("traceback", r.exc_info, "exc-info");
+}
+
 function frameworkHtml(f) {
   if (!f) return "";
-  if (f.framework === "celery") {
-    return "<h3>Celery's failed run</h3><dl>" +
-      field("task", f.task, "job-function") + field("status", f.status, "job-status") +
-      field("task id", f.id) + field("message id", f.message_id) +
-      field("failed", at(f.failed_at_ms)) + field("retries", f.retries) +
-      field("worker", f.worker) + field("root id", f.root_id) + field("parent id", f.parent_id) +
-      field("args", code(f.args), null, true) + field("kwargs", code(f.kwargs), null, true) +
-      field("exception", f.reason, "job-reason") + "</dl>" +
-      block("traceback", f.exc_info, "exc-info");
+  if (f.framework) return failedRunHtml(f);
+  if (f.actor_name !== undefined) {
+    return "<h3>Dramatiq's message</h3><dl>" +
+      field("actor", f.actor_name, "job-function") + field("queue", f.queue_name) +
+      field("message id", f.message_id) + field("sent", at(f.message_timestamp)) +
+      field("options", code(json(f.options)), null, true) + "</dl>" +
+      block("args", json(f.args), "message-args") + block("kwargs", json(f.kwargs), "message-kwargs") +
+      (f.last_failure ? failedRunHtml(f.last_failure) : "");
   }
   return "<h3>RQ's job record</h3><dl>" +
     field("function", f.function, "job-function") + field("status", f.status, "job-status") +
