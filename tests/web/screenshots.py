@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
-BROWSER_TESTS = ("test_page.py", "test_page_actions.py", "test_page_demo.py")
+BROWSER_TESTS = ("test_page.py", "test_page_actions.py", "test_page_demo.py",
+                 "test_page_dramatiq.py")
 
 
 def main(argv: list[str]) -> int:
