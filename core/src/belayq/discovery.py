@@ -154,7 +154,7 @@ def open_found(
     q: AnyQueue
     if shards > 1:
         q = ShardedQueue(client, found.name, shards=shards, keeper=False, record=False,
-                         **options)
+                         kind=found.kind, **options)
     else:
         q = ReliableQueue(client, found.name, keeper=False, kind=found.kind, record=False,
                           **options)

@@ -303,6 +303,23 @@ def registry_key(prefix: str = "belayq") -> str:
     return f"{prefix}:queues"
 
 
+def owned_ready_key(kind: str, name: str, prefix: str = "belayq") -> str | None:
+    """The ready list of queue ``name`` when belayq owns the keys of a queue of another
+    kind (a ``belayq_dramatiq.Broker`` with ``shards``): ``<prefix>:<kind>:{<name>}``, its
+    companion keys beside it (``<prefix>:<kind>:{<name>}:leases`` ...), so they never meet
+    the keys of belayq's own queue of the same name. None for kind ``belayq``, whose keys
+    are ``<prefix>:{<name>}:...``.
+
+    Raises:
+        ConfigError: The name holds braces.
+    """
+    if kind == "belayq":
+        return None
+    if "{" in name or "}" in name:
+        raise ConfigError(f"queue name {name!r} must not contain braces")
+    return f"{prefix}:{kind}:{{{name}}}"
+
+
 def shard_names(name: str, shards: int) -> tuple[str, ...]:
     """The queue names of the ``shards`` shards of logical queue ``name``; each is the hash
     tag of its keys (``belayq:{<shard name>}:...``).

@@ -149,7 +149,8 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         if shards is not None and int(shards) > 1:
             raise ConfigError(
                 f"queue {self.name!r} is sharded over {int(shards)} shards: open it with "
-                f"ShardedQueue(client, {self.name!r}, shards={int(shards)})"
+                f"shards={int(shards)} (ShardedQueue(client, {self.name!r}, "
+                f"shards={int(shards)}))"
             )
         if found is not None and int(found) != SCHEMA_VERSION:
             raise SchemaMismatch(

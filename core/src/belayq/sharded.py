@@ -39,10 +39,10 @@ from typing import Any, TypeVar
 from .claim_any import claim_any
 from .errors import NO_PERMISSION, ConfigError
 from .errors import redis_errors as _redis_errors
-from .keys import SHARDS_FIELD, QueueKeys, shard_names
+from .keys import SHARDS_FIELD, QueueKeys, owned_ready_key, shard_names
 from .models import Delivery, Published, SweepResult
 from .queue import ReliableQueue
-from .registry import QueueRecord, Registry, record_or_warn
+from .registry import QueueRecord, Registry, check_kind, record_or_warn
 from .sharded_admin import ShardedAdmin
 
 T = TypeVar("T")
@@ -62,6 +62,9 @@ class ShardedQueue(ShardedAdmin):
             ``name`` itself, byte for byte.
         keeper: Whether claims register with the lease keeper (one thread per shard).
         record: Record the logical queue in the registry (see :class:`ReliableQueue`).
+        kind: Who the queue belongs to (``belayq``; an adapter names its own kind, whose
+            keys then sit apart from belayq's queue of the same name: see
+            :func:`belayq.keys.owned_ready_key`).
         **options: :class:`~belayq.config.QueueConfig` fields, the same for every shard.
 
     Raises:
@@ -75,20 +78,24 @@ class ShardedQueue(ShardedAdmin):
 
     def __init__(
         self, client: Any, name: str, *, shards: int, keeper: bool = True, record: bool = True,
-        **options: Any,
+        kind: str = "belayq", **options: Any,
     ) -> None:
         names = shard_names(name, shards)
         if "ready_key" in options or "level_keys" in options:
             raise ConfigError("a ShardedQueue owns its keys: ready_key/level_keys do not apply")
         self.name = name
         self.client = client
-        self.kind = "belayq"
-        parts = [ReliableQueue(client, n, keeper=keeper, record=False, **options) for n in names]
+        self.kind = check_kind(kind)
+        self._prefix = str(options.get("prefix", "belayq"))
+        parts = [ReliableQueue(client, n, keeper=keeper, record=False, kind=kind,
+                               **self._owned(n), **options) for n in names]
         self.config = parts[0].config
         if shards > 1:
             self._record_count(shards)
         if record:
             mine = dataclasses.replace(parts[0].record(shards), name=name)
+            if shards > 1:  # the shards' keys follow from the kind and the name
+                mine = dataclasses.replace(mine, ready_key=None, level_keys=())
             stood = _redis_errors(self._record_in_registry)(mine)
             for q in parts:
                 q._adopt(stood)
@@ -103,24 +110,34 @@ class ShardedQueue(ShardedAdmin):
         # would have them all try the same shard at the same moment.
         self._publish_turn = itertools.count(random.randrange(shards))
 
+    def _owned(self, name: str) -> dict[str, Any]:
+        """The ReliableQueue arguments that place queue ``name`` where this kind's queues
+        owned by belayq sit (none for kind ``belayq``)."""
+        ready = owned_ready_key(self.kind, name, self._prefix)
+        return {} if ready is None else {"ready_key": ready}
+
     def _record_in_registry(self, mine: QueueRecord) -> QueueRecord:
         """Record the logical queue; a drained plain queue sharded now (its shard count in
-        its stats hash allowed it, see :meth:`_record_count`) is recorded anew."""
+        its stats hash allowed it, see :meth:`_record_count`) is recorded anew. A record of
+        another layout (a framework's own lists) stays, and the registry refuses this one."""
         registry = Registry(self.client, self.config.prefix)
         with contextlib.suppress(*NO_PERMISSION):  # warned below
-            old = registry.get("belayq", self.name)
-            if old is not None and old.shards != mine.shards:
-                registry.forget("belayq", self.name)
+            old = registry.get(self.kind, self.name)
+            plain = self._owned(self.name).get("ready_key")
+            if old is not None and old.shards != mine.shards and old.ready_key == plain:
+                registry.forget(self.kind, self.name)
         return record_or_warn(registry, mine)
 
     @_redis_errors
     def _record_count(self, shards: int) -> None:
-        base = QueueKeys.build(self.name, prefix=self.config.prefix).stats
+        owned = self._owned(self.name)
+        base = QueueKeys.build(self.name, prefix=self.config.prefix, **owned).stats
         schema, recorded = self.client.hmget(base, ["schema", SHARDS_FIELD])
         if recorded is None:
             if schema is not None:
                 plain = ReliableQueue(
-                    self.client, self.name, keeper=False, prefix=self.config.prefix
+                    self.client, self.name, keeper=False, prefix=self.config.prefix,
+                    kind=self.kind, record=False, **owned,
                 )
                 s = plain.stats()
                 held = sum(s[k] for k in ("ready", "in_flight", "landing", "delayed", "dead"))

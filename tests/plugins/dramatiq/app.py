@@ -1,7 +1,7 @@
 """The Dramatiq app the real-worker tests run (``dramatiq tests.plugins.dramatiq.app``).
 
 The environment picks the broker: ``DQ_URL`` (the test's Redis), ``DQ_STOCK=1`` for stock
-``RedisBroker``, ``DQ_LEASE_MS`` and ``DQ_MAX_DELIVERIES`` for belayq's. Every actor
+``RedisBroker``, ``DQ_LEASE_MS``, ``DQ_MAX_DELIVERIES`` and ``DQ_SHARDS`` for belayq's. Every actor
 records what it did in the test's Redis (``t:started``, ``t:done``: ``<key> <pid>``).
 """
 
@@ -26,6 +26,7 @@ else:
         lease_ms=int(os.environ.get("DQ_LEASE_MS", "1000")),
         max_deliveries=int(os.environ.get("DQ_MAX_DELIVERIES", "5")),
         belayq_options={"sweep_interval_ms": 200},
+        shards=int(os.environ["DQ_SHARDS"]) if os.environ.get("DQ_SHARDS") else None,
     )
 dramatiq.set_broker(broker)
 record = redis.Redis.from_url(URL)

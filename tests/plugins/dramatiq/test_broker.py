@@ -25,9 +25,10 @@ from belayq_dramatiq import Broker
 from tests.support import wait_for
 
 
-@pytest.fixture
-def broker(url: str, conn: redis.Redis) -> Iterator[Broker]:
-    b = Broker(url=url, lease_ms=2000)
+@pytest.fixture(params=[None, 3], ids=["stock_keys", "shards3"])
+def broker(url: str, conn: redis.Redis, request: pytest.FixtureRequest) -> Iterator[Broker]:
+    """The broker in stock's keys, and in belayq's own over 3 shards."""
+    b = Broker(url=url, lease_ms=2000, shards=request.param)
     b.add_middleware(Results(backend=RedisBackend(client=redis.Redis.from_url(url))))
     b.emit_after("process_boot")  # as the dramatiq command does (TimeLimit's timer)
     dramatiq.set_broker(b)
@@ -71,7 +72,11 @@ def test_nack_dead_letters_with_the_reason(broker: Broker, worker: Worker) -> No
     [row] = tools.failed(core, 10)  # type: ignore[attr-defined]
     assert (row["id"], row["task"], row["reason"]) == (message.message_id, "fails",
                                                        "ValueError: boom")
-    detail = tools.message(core, message.options["redis_message_id"])  # type: ignore[attr-defined]
+    # the message as the dashboard opens it: by its entry in the queue (in stock's keys the
+    # id it was sent with; in belayq's own, the core's id)
+    [dead] = core.dead_letters()
+    entry = message.options["redis_message_id"] if broker.shards is None else dead.id
+    detail = tools.message(core, entry)  # type: ignore[attr-defined]
     assert "raise ValueError" in detail["last_failure"]["exc_info"]
     assert detail["actor_name"] == "fails"
     # asked by Dramatiq's own id (no body under it): the failed run alone, as a failed job
@@ -166,7 +171,11 @@ def test_prefetched_messages_go_back_uncounted_on_close(broker: Broker) -> None:
 def test_queues_are_recorded_as_kind_dramatiq(broker: Broker, conn: redis.Redis) -> None:
     broker.declare_queue("emails")
     [record] = [r for r in Registry(conn).all() if r.name == "emails"]
-    assert (record.kind, record.ready_key) == ("dramatiq", "dramatiq:emails")
+    assert record.kind == "dramatiq"
+    if broker.shards is None:
+        assert (record.ready_key, record.shards) == ("dramatiq:emails", 1)
+    else:
+        assert (record.ready_key, record.shards) == (None, broker.shards)
     assert record.lease_ms == 2000
 
 

@@ -22,8 +22,14 @@ LEASE_MS = 1000
 
 
 @pytest.fixture
-def broker(url: str, conn: redis.Redis) -> Iterator[Broker]:
-    b = Broker(url=url, lease_ms=LEASE_MS)
+def shards(request: pytest.FixtureRequest) -> int | None:
+    """The broker's ``shards`` (None: stock's keys), as a test's parameter sets it."""
+    return getattr(request, "param", None)
+
+
+@pytest.fixture
+def broker(url: str, conn: redis.Redis, shards: int | None) -> Iterator[Broker]:
+    b = Broker(url=url, lease_ms=LEASE_MS, shards=shards)
     b.declare_queue("default")
     try:
         yield b
@@ -38,10 +44,12 @@ def send(broker: dramatiq.Broker, actor: str, *args: Any, delay: int | None = No
     return broker.enqueue(message, delay=delay)
 
 
+@pytest.mark.parametrize("shards", [None, 3], ids=["stock_keys", "shards3"], indirect=True)
 def test_kill_9_mid_task_every_message_finishes_within_the_lease(
-    broker: Broker, workers: Workers, conn: redis.Redis
+    broker: Broker, workers: Workers, conn: redis.Redis, shards: int | None
 ) -> None:
-    a = workers.start(threads=2)
+    layout = "" if shards is None else str(shards)  # the app's DQ_SHARDS ("": stock's keys)
+    a = workers.start(threads=2, dq_shards=layout)
     send(broker, "slow", "long", 30.0, 0.2)
     for i in range(20):
         send(broker, "mark", f"m{i}")
@@ -49,7 +57,7 @@ def test_kill_9_mid_task_every_message_finishes_within_the_lease(
     wait_recorded(conn, "done", 20, 30)
     a.kill()
     killed = time.monotonic()
-    workers.start(threads=2)
+    workers.start(threads=2, dq_shards=layout)
     done = wait_recorded(conn, "done", 21, 30)
     back = time.monotonic() - killed
     assert {k for k, _ in done} == {"long", *(f"m{i}" for i in range(20))}

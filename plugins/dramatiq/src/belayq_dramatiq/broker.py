@@ -29,12 +29,12 @@ from dramatiq.middleware import Middleware
 
 from belayq import ConfigError
 from belayq.client_info import is_cluster
-from belayq.keys import dramatiq_layout
+from belayq.keys import dramatiq_layout, shard_names
 
 from .consumer import Consumer, DelayConsumer, StartReports
 from .failed import FailedRuns
 from .parent import ParentWatch
-from .store import Store, core_options
+from .store import AnyStore, ShardedStore, Store, core_options
 from .tracing import ProcessSpans
 
 #: Stock RedisBroker arguments that configure its maintenance pass, which belayq replaces
@@ -77,13 +77,19 @@ class Broker(dramatiq.Broker):
             producers deployed while only stock workers consume (nothing promotes the
             delayed set until a belayq worker runs). belayq workers move such messages into
             the delayed set as they come. Default False.
+        shards: Lay each queue out in belayq's own keys (``belayq:dramatiq:{<queue>}:...``)
+            over this many hash slots (a :class:`~belayq.ShardedQueue`; 1: unsharded), with
+            the bodies in the core's payloads: a publish is one round trip, and on a Redis
+            Cluster a hot queue spreads over ``shards`` nodes. Stock ``RedisBroker``
+            processes cannot share such a queue. Default None: stock's keys.
         **parameters: ``redis.Redis`` connection parameters, as stock RedisBroker's; its
             ``maintenance_chance``, ``heartbeat_timeout`` and ``dead_message_ttl`` are
             accepted and unused.
 
     Raises:
         ConfigError: A bad or unknown belayq option, or ``lease_ms`` or
-            ``max_deliveries`` in ``belayq_options``.
+            ``max_deliveries`` in ``belayq_options``; a bad ``shards``, or ``shards`` with
+            ``stock_delays`` or another ``namespace`` (both are stock's keys).
     """
 
     def __init__(
@@ -98,14 +104,23 @@ class Broker(dramatiq.Broker):
         max_deliveries: int = 5,
         belayq_options: Mapping[str, Any] | None = None,
         stock_delays: bool = False,
+        shards: int | None = None,
         **parameters: Any,
     ) -> None:
+        if shards is not None:
+            shard_names("queue", shards)  # checks the count
+            if stock_delays or namespace != "dramatiq":
+                raise ConfigError(
+                    "shards lays queues out in belayq's own keys: stock_delays and namespace "
+                    "name stock RedisBroker's keys, and do not apply"
+                )
         super().__init__(middleware=middleware)
         for name in STOCK_ONLY:
             parameters.pop(name, None)
         self.client = _client_of(client_or_url, url, client, parameters)
         self.namespace = namespace
         self.stock_delays = stock_delays
+        self.shards = shards
         self.broker_id = str(uuid.uuid4())
         own = sorted({"lease_ms", "max_deliveries"} & set(belayq_options or {}))
         if own:
@@ -115,7 +130,7 @@ class Broker(dramatiq.Broker):
         )
         self.cluster = is_cluster(self.client)
         self.queues: set[str] = set()
-        self._stores: dict[str, Store] = {}
+        self._stores: dict[str, AnyStore] = {}
         self._lock = threading.Lock()
         self.middleware.insert(0, StartReports())
         self.add_middleware(FailedRuns())
@@ -123,15 +138,20 @@ class Broker(dramatiq.Broker):
         self._parent_watch = ParentWatch()
         self.add_middleware(self._parent_watch)
 
-    def store(self, queue_name: str) -> Store:
-        """The store of a Dramatiq queue (opened once per broker)."""
+    def store(self, queue_name: str) -> AnyStore:
+        """The store of a Dramatiq queue (opened once per broker): in belayq's own keys with
+        ``shards``, else in stock's; a stock delay queue (``<queue>.DQ``) is always stock's
+        list."""
         with self._lock:
             found = self._stores.get(queue_name)
             if found is None:
-                found = self._stores[queue_name] = Store(
-                    self.client, queue_name, namespace=self.namespace, cluster=self.cluster,
-                    options=self.options,
-                )
+                if self.shards is None or queue_name in self.delay_queues:
+                    found = Store(self.client, queue_name, namespace=self.namespace,
+                                  cluster=self.cluster, options=self.options)
+                else:
+                    found = ShardedStore(self.client, queue_name, shards=self.shards,
+                                         options=self.options)
+                self._stores[queue_name] = found
             return found
 
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000

@@ -27,7 +27,7 @@ from belayq import ConnectionLost, Delivery
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .store import Store
+    from .store import AnyStore
 
 log = logging.getLogger("belayq_dramatiq")
 
@@ -61,7 +61,7 @@ class Consumer(dramatiq.Consumer):
         timeout: How long ``__next__`` waits for a message (ms).
     """
 
-    def __init__(self, broker: Broker, store: Store, prefetch: int, timeout: int) -> None:
+    def __init__(self, broker: Broker, store: AnyStore, prefetch: int, timeout: int) -> None:
         self.broker = broker
         self.store = store
         self.queue_name = store.name
@@ -210,7 +210,7 @@ class DelayConsumer(dramatiq.Consumer):
         self.broker = broker
         self.queue_name = queue_name
         self.timeout = timeout
-        self._store: Store | None = None
+        self._store: AnyStore | None = None
 
     def __next__(self) -> MessageProxy | None:
         try:
@@ -236,7 +236,7 @@ class DelayConsumer(dramatiq.Consumer):
                 store.core.forget(got)
             raise
 
-    def _convert(self, store: Store, got: list[Delivery]) -> None:
+    def _convert(self, store: AnyStore, got: list[Delivery]) -> None:
         target = self.broker.store(q_name(self.queue_name))
         for delivery, body in zip(got, store.bodies(got), strict=True):
             if body is None:

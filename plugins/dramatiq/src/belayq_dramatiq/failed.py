@@ -22,7 +22,8 @@ from dramatiq.broker import MessageProxy
 from dramatiq.errors import Retry
 from dramatiq.middleware import Middleware, SkipMessage
 
-from belayq import failures
+from belayq import Delivery, ReliableQueue, ShardedQueue, failures
+from belayq.sharded import AnyQueue, parts_of
 
 log = logging.getLogger("belayq_dramatiq")
 
@@ -51,11 +52,19 @@ class FailedRuns(Middleware):
         }
         try:
             q = store(message.queue_name).core
-            q.count_failed()
+            part = _part_of(q, getattr(message, "belayq_delivery", None))
+            part.count_failed()
             with q.client.pipeline(transaction=False) as pipe:
-                q.flush_observations(pipeline=pipe)
+                part.flush_observations(pipeline=pipe)
                 failures.record(q, message.message_id, int(time.time() * 1000), fields, pipe=pipe)
                 pipe.execute()
             failures.trim(q)
         except Exception as exc:  # the tools' record must never fail a message's handling
             log.warning("could not record a failed run of %s (%r)", message.message_id, exc)
+
+
+def _part_of(q: AnyQueue, delivery: Delivery | None) -> ReliableQueue:
+    """The plain queue that counts a run: the claim's shard of a sharded queue."""
+    if isinstance(q, ShardedQueue) and isinstance(delivery, Delivery):
+        return q.shard_of(delivery)
+    return parts_of(q)[0]

@@ -22,22 +22,27 @@ from typing import Any
 from belayq import ReliableQueue, failures
 from belayq.failures import RecordedFailures
 from belayq.keys import dramatiq_messages
-from belayq.sharded import AnyQueue
+from belayq.sharded import AnyQueue, parts_of
 
 
 def _messages(queue: AnyQueue) -> str | None:
-    """The bodies' hash of a queue laid out on Dramatiq's list (None: a queue belayq owns,
-    whose payloads are the bodies)."""
-    if not isinstance(queue, ReliableQueue) or queue.record().ready_key is None:
+    """The bodies' hash of a queue laid out on Dramatiq's list (None: a queue in belayq's
+    own keys, whose payloads are the bodies)."""
+    if not isinstance(queue, ReliableQueue) or not queue.config.payload_in_list:
         return None
     return dramatiq_messages(queue.keys.ready)
 
 
 def _body(queue: AnyQueue, message_id: str | bytes) -> dict[str, Any] | None:
+    """The body of message ``message_id``: in the ``.msgs`` hash of stock's layout, the
+    core's payload in belayq's own."""
     messages = _messages(queue)
-    if messages is None:
-        return None
-    raw = queue.client.hget(messages, message_id)
+    if messages is not None:
+        raw = queue.client.hget(messages, message_id)
+    else:
+        raw = next((found for part in parts_of(queue)
+                    if (found := part.client.hget(part.keys.payloads, message_id)) is not None),
+                   None)
     if raw is None:
         return None
     try:

@@ -1,5 +1,13 @@
-"""One Dramatiq queue on the core: the core queue that holds its ids, and the hash that
-holds its bodies (stock ``RedisBroker``'s layout, :func:`belayq.keys.dramatiq_layout`).
+"""One Dramatiq queue on the core, in one of two layouts:
+
+* :class:`Store`, stock ``RedisBroker``'s (:func:`belayq.keys.dramatiq_layout`): the core
+  queue holds the message ids in stock's list, and the hash beside it their bodies, so stock
+  producers and consumers can share the queue;
+* :class:`ShardedStore`, belayq's own (a ``Broker`` with ``shards``): a
+  :class:`~belayq.ShardedQueue` of kind ``dramatiq`` whose payloads are the bodies, over
+  ``shards`` hash slots (:func:`belayq.keys.owned_ready_key`), one round trip per publish.
+
+In stock's layout:
 
 A message id sits in the queue's list as stock producers push it, and its body in the
 ``.msgs`` hash beside it; the core claims the id with a lease and settles it with a fencing
@@ -15,7 +23,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue
+from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue, ShardedQueue
 from belayq.errors import redis_errors
 from belayq.keys import dramatiq_layout
 
@@ -109,3 +117,57 @@ class Store:
         """Messages not yet settled: ready, delayed, claimed, landing."""
         s = self.core.stats()
         return s["ready"] + s["delayed"] + s["in_flight"] + s["landing"]
+
+
+class ShardedStore:
+    """One Dramatiq queue in belayq's own layout: a :class:`~belayq.ShardedQueue` of kind
+    ``dramatiq`` over ``shards`` slots, whose payloads are the message bodies (one round trip
+    per publish; no stock producer or consumer reads these keys). Same calls as
+    :class:`Store`.
+
+    Args:
+        client: A ``redis.Redis`` or ``RedisCluster`` (``decode_responses=False``).
+        name: The Dramatiq queue name.
+        shards: How many shards (1 is belayq's layout unsharded).
+        options: :class:`~belayq.QueueConfig` fields, checked by :func:`core_options`.
+    """
+
+    def __init__(self, client: Any, name: str, *, shards: int, options: Mapping[str, Any]
+                 ) -> None:
+        self.client = client
+        self.name = name
+        self.core = ShardedQueue(client, name, shards=shards, kind="dramatiq",
+                                 claim_starts=False, **options)
+
+    def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
+                dedup_id: str | None = None) -> None:
+        """Publish a body (ready, or delayed ``delay_ms`` in Redis); ``message_id`` is in
+        the body already."""
+        self.core.publish(body, delay_ms=delay_ms, dedup_id=dedup_id)
+
+    def bodies(self, deliveries: Sequence[Delivery]) -> list[bytes | None]:
+        """The body of each claimed message: its payload."""
+        return [d.payload for d in deliveries]
+
+    def ack(self, delivery: Delivery) -> bool:
+        """Ack a claim (False: refused, its lease had expired and it was claimed again)."""
+        return self.core.ack(delivery)
+
+    def purge(self) -> int:
+        """Delete the waiting (ready and delayed) messages and the dead letters. Claimed
+        messages stay. Returns how many were deleted."""
+        total = int(self.core.purge(delayed=True))
+        while True:
+            dead = self.core.dead_letters(limit=1000)
+            if not dead:
+                return total
+            total += self.core.delete_dead([d.id for d in dead])
+
+    def size(self) -> int:
+        """Messages not yet settled: ready, delayed, claimed, landing."""
+        s = self.core.stats()
+        return s["ready"] + s["delayed"] + s["in_flight"] + s["landing"]
+
+
+#: Either layout's store.
+AnyStore = Store | ShardedStore

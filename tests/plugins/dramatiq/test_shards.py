@@ -1,0 +1,190 @@
+"""belayq_dramatiq.Broker with ``shards``: each queue in belayq's own keys over several hash
+slots, the bodies in the core's payloads. Dramatiq's Worker drains it (delayed and retried
+messages included) without creating stock's keys; the registry, the tools and the dashboard
+open it as recorded; a queue laid out otherwise is refused, and a core queue of the same
+name stays apart; on a Redis Cluster the shards spread over the nodes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import dramatiq
+import pytest
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+
+from belayq import ConfigError, ReliableQueue, ShardedQueue
+from belayq.discovery import find, list_queues, open_found
+from belayq.embedded import RedisClusterServers
+from belayq.keeper import KEEPER
+from belayq.kinds import tools_for
+from belayq.registry import Registry
+from belayq.web.console import message as message_detail
+from belayq_dramatiq import Broker
+from tests.plugins.dramatiq.inproc import Ran, run_with_worker
+from tests.support import wait_for
+
+
+@pytest.fixture
+def broker(url: str, conn: redis.Redis) -> Iterator[Broker]:
+    b = Broker(url=url, lease_ms=2000, shards=3)
+    try:
+        yield b
+    finally:
+        b.close()
+
+
+def send(broker: Broker, key: str, delay: int | None = None,
+         actor: str = "mark") -> dramatiq.Message[Any]:
+    return broker.enqueue(dramatiq.Message(queue_name="default", actor_name=actor,
+                                           args=(key,), kwargs={}, options={}), delay=delay)
+
+
+def test_a_worker_drains_a_sharded_queue_without_stock_keys(
+    broker: Broker, conn: redis.Redis
+) -> None:
+    def body(ran: Ran) -> None:
+        for i in range(60):
+            ran.actor.send(f"k{i}")
+        ran.actor.send_with_options(args=("late",), delay=300)
+        expected = {*(f"k{i}" for i in range(60)), "late"}
+        wait_for(lambda: ran.seen() == expected, 30, ran.seen)
+        broker.join("default", timeout=10_000)
+
+    run_with_worker(broker, body)
+    core = broker.store("default").core
+    assert isinstance(core, ShardedQueue) and core.kind == "dramatiq"
+    per_shard = [s["acked"] for s in core.shard_stats().values()]
+    assert len(per_shard) == 3 and sum(per_shard) == 61 and min(per_shard) > 0
+    assert core.stats()["promoted"] == 1 and core.stats()["in_flight"] == 0
+    names = {k.decode() for k in conn.keys("*")}
+    assert not {n for n in names if n.startswith("dramatiq:")}  # no stock list, no .msgs
+    assert all(p.keys.ready.startswith("belayq:dramatiq:{default~s") for p in core.shards)
+    [record] = [r for r in Registry(conn).all() if r.name == "default"]
+    assert (record.kind, record.shards, record.ready_key) == ("dramatiq", 3, None)
+
+
+def test_retries_and_dead_letters_keep_their_reasons_on_shards(broker: Broker) -> None:
+    runs: list[str] = []
+
+    def body(ran: Ran) -> None:
+        @dramatiq.actor(broker=broker, max_retries=2, min_backoff=10, max_backoff=20)
+        def fails(key: str) -> None:
+            runs.append(key)
+            raise RuntimeError(f"no {key}")
+
+        for i in range(4):
+            fails.send(f"f{i}")
+        dead = broker.store("default").core.dead_letters
+        wait_for(lambda: len(dead()) == 4, 30, dead)
+
+    run_with_worker(broker, body)
+    core = broker.store("default").core
+    dead = core.dead_letters()
+    assert sorted(d.reason for d in dead) == [f"RuntimeError: no f{i}" for i in range(4)]
+    assert {dramatiq.Message.decode(d.payload).args[0] for d in dead if d.payload} == {
+        f"f{i}" for i in range(4)}
+    assert sorted(runs) == sorted(f"f{i}" for i in range(4) for _ in range(3))  # 1 + 2 retries
+    assert core.stats()["delayed"] == 0 and core.stats()["in_flight"] == 0
+
+
+def test_the_tools_open_show_and_purge_a_sharded_dramatiq_queue(
+    broker: Broker, conn: redis.Redis
+) -> None:
+    broker.declare_queue("default")
+    for key in ("a", "b", "c", "d"):
+        send(broker, key)
+    send(broker, "later", delay=60_000)
+    assert [(f.kind, f.name) for f in list_queues(conn)] == [("dramatiq", "default")]
+    q = open_found(conn, find(conn, "default"))
+    assert isinstance(q, ShardedQueue) and q.kind == "dramatiq"
+    assert q.stats()["ready"] == 4 and q.stats()["delayed"] == 1
+    shard = next(p for p in q.shards if conn.llen(p.keys.ready))
+    [message_id, *_] = [e.decode() for e in conn.lrange(shard.keys.ready, 0, 0)]
+    detail = message_detail(q, message_id)
+    assert detail["state"] == "ready" and detail["shard"] == shard.name
+    assert detail["framework"]["actor_name"] == "mark"
+    assert detail["framework"]["args"] in (["a"], ["b"], ["c"], ["d"])
+    tools = tools_for("dramatiq")
+    assert tools is not None
+    assert tools.purge(q, delayed=False) == {"ready": 4, "delayed": 0, "bodies_deleted": 0}
+    assert q.stats()["ready"] == 0 and q.stats()["delayed"] == 1
+
+
+def test_a_queue_laid_out_otherwise_is_refused(url: str, conn: redis.Redis) -> None:
+    stock = Broker(url=url)
+    stock.declare_queue("default")
+    send(stock, "waiting")
+    with pytest.raises(ConfigError, match="laid out otherwise"):
+        Broker(url=url, shards=3).declare_queue("default")
+    assert conn.llen("dramatiq:default") == 1  # the waiting message stays where it was
+    stock.close()
+    three = Broker(url=url, shards=3)
+    three.declare_queue("emails")
+    with pytest.raises(ConfigError, match="sharded over 3 shards"):
+        Broker(url=url, shards=2).declare_queue("emails")
+    with pytest.raises(ConfigError, match="laid out otherwise"):
+        Broker(url=url).declare_queue("emails")
+    three.close()
+
+
+def test_a_core_queue_of_the_same_name_stays_apart(broker: Broker, conn: redis.Redis) -> None:
+    core = ShardedQueue(conn, "default", shards=3, keeper=False)
+    core.publish(b"core message")
+    plain = ReliableQueue(conn, "solo", keeper=False)
+    plain.publish(b"core solo")
+    broker.declare_queue("default")
+    broker.declare_queue("solo")
+    send(broker, "dramatiq message")
+    assert core.stats()["ready"] == 1 and plain.stats()["ready"] == 1
+    assert broker.store("default").core.stats()["ready"] == 1
+    assert broker.store("solo").core.stats()["ready"] == 0
+    kinds = sorted((f.kind, f.name) for f in list_queues(conn))
+    assert kinds == [("belayq", "default"), ("belayq", "solo"), ("dramatiq", "default"),
+                     ("dramatiq", "solo")]
+
+
+def test_bad_shard_settings_are_refused_before_anything_is_written() -> None:
+    for kwargs, named in (({"shards": 0}, "shards must be an int"),
+                          ({"shards": "3"}, "shards must be an int"),
+                          ({"shards": 3, "stock_delays": True}, "stock_delays"),
+                          ({"shards": 3, "namespace": "app"}, "namespace")):
+        with pytest.raises(ConfigError, match=named):
+            Broker(url="redis://127.0.0.1:1/0", **kwargs)
+
+
+@pytest.fixture
+def cluster_client(cluster_servers: RedisClusterServers) -> Iterator[RedisCluster]:
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in
+                                         cluster_servers.startup_nodes])
+    client.flushall()
+    try:
+        yield client
+    finally:
+        KEEPER.stop_all()
+        client.close()
+
+
+def test_on_a_redis_cluster_the_shards_spread_over_the_nodes(
+    cluster_client: RedisCluster
+) -> None:
+    broker = Broker(client=cluster_client, lease_ms=2000, shards=3)
+
+    def body(ran: Ran) -> None:
+        for i in range(30):
+            ran.actor.send(f"k{i}")
+        ran.actor.send_with_options(args=("late",), delay=300)
+        expected = {*(f"k{i}" for i in range(30)), "late"}
+        wait_for(lambda: ran.seen() == expected, 30, ran.seen)
+        broker.join("default", timeout=10_000)
+
+    run_with_worker(broker, body)
+    core = broker.store("default").core
+    assert isinstance(core, ShardedQueue)
+    nodes = {cluster_client.get_node_from_key(p.keys.ready).name for p in core.shards}
+    assert len(nodes) == 3
+    assert len({key_slot(p.keys.ready.encode()) for p in core.shards}) == 3
+    stats = core.stats()
+    assert stats["acked"] == 31 and stats["promoted"] == 1 and stats["in_flight"] == 0
