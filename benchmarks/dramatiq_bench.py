@@ -6,7 +6,9 @@ Run from the repository root::
     .venv/bin/python -m benchmarks.dramatiq_bench [--n 5000] [--threads 8] [--reps 3] [--json out]
 
 What it measures (medians over ``--reps``, stock and belayq alternating in every rep, with
-min-max), reported as belayq/stock ratios (target >= 1.0x):
+min-max), reported as belayq/stock ratios (target >= 1.0x), for belayq in stock's keys
+(``belayq``, the default) and in its own (``belayq-own``: ``shards=1``, the bodies in the
+core's payloads):
 
 * ``enqueue``: N x ``actor.send()`` of a no-op actor;
 * ``drain``: a Dramatiq ``Worker`` (``--threads`` worker threads, Dramatiq's default
@@ -40,10 +42,14 @@ from benchmarks.stats import med, spread
 QUEUE = "bench"
 
 
+#: The stacks measured: stock RedisBroker, belayq in stock's keys, belayq in its own.
+KINDS = ("stock", "belayq", "belayq-own")
+
+
 def make(kind: str, url: str) -> dramatiq.Broker:
     if kind == "stock":
         return RedisBroker(url=url)
-    return belayq_dramatiq.Broker(url=url)
+    return belayq_dramatiq.Broker(url=url, shards=1 if kind == "belayq-own" else None)
 
 
 def one(kind: str, url: str, n: int, threads: int) -> dict[str, float]:
@@ -87,24 +93,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     server = RedisServer().start()
     url = f"redis://127.0.0.1:{server.port}/0"
-    runs: dict[str, list[dict[str, float]]] = {"stock": [], "belayq": []}
+    runs: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
     try:
-        for rep in range(args.reps):
-            order = ("stock", "belayq") if rep % 2 == 0 else ("belayq", "stock")
+        for rep in range(args.reps):  # each rep in another order
+            order = KINDS[rep % len(KINDS):] + KINDS[:rep % len(KINDS)]
             for kind in order:
                 runs[kind].append(one(kind, url, args.n, args.threads))
     finally:
         server.stop()
     print(f"Dramatiq {dramatiq.__version__}, {args.n} messages, {args.threads} worker "
           f"threads, {args.reps} reps, Python {platform.python_version()}")
-    print(f"{'':10} {'stock msg/s':>22} {'belayq msg/s':>22} {'ratio':>7}")
+    print(f"{'':10} " + " ".join(f"{k + ' msg/s':>22} {'ratio':>7}" for k in KINDS))
     out: dict[str, Any] = {"n": args.n, "threads": args.threads, "reps": args.reps}
     for what in ("enqueue", "drain"):
-        stock = [r[what] for r in runs["stock"]]
-        ours = [r[what] for r in runs["belayq"]]
-        ratio = med(ours) / med(stock)
-        print(f"{what:10} {spread(stock, '.0f'):>22} {spread(ours, '.0f'):>22} {ratio:>6.2f}x")
-        out[what] = {"stock": stock, "belayq": ours, "ratio": ratio}
+        stock = med([r[what] for r in runs["stock"]])
+        cells, out[what] = [], {}
+        for kind in KINDS:
+            rates = [r[what] for r in runs[kind]]
+            cells.append(f"{spread(rates, '.0f'):>22} {med(rates) / stock:>6.2f}x")
+            out[what][kind] = {"rates": rates, "ratio": med(rates) / stock}
+        print(f"{what:10} " + " ".join(cells))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)

@@ -16,6 +16,7 @@ SMALL = {
     "benchmarks.ops": (["--queues", "3", "--messages", "2000", "--keys", "1000", "--reps", "1"],
                        "target: dashboard queue page answered"),
     "benchmarks.core.otel": (["--n", "200", "--reps", "1"], "| claim + ack, count=1 |"),
+    "benchmarks.dramatiq_bench": (["--n", "200", "--reps", "1"], "drain "),
 }
 
 

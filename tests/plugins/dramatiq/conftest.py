@@ -24,14 +24,16 @@ APP = "tests.plugins.dramatiq.app"
 
 
 @pytest.fixture
-def conn(private_redis: RedisServer) -> Iterator[redis.Redis]:
-    with flushed_client(private_redis) as client:
+def conn(private_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the test's server (Redis; Valkey too for a test marked so: see
+    ``server_kind``), flushed first."""
+    with flushed_client(private_server) as client:
         yield client
 
 
 @pytest.fixture
-def url(private_redis: RedisServer) -> str:
-    return f"redis://127.0.0.1:{private_redis.port}/0"
+def url(private_server: RedisServer) -> str:
+    return f"redis://127.0.0.1:{private_server.port}/0"
 
 
 class Worker:

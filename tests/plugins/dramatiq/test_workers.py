@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from belayq_dramatiq import Broker
+from tests.conftest import ON_BOTH
 from tests.plugins.dramatiq.conftest import Workers, entries, wait_recorded
 from tests.support import wait_for
 
@@ -44,6 +45,7 @@ def send(broker: dramatiq.Broker, actor: str, *args: Any, delay: int | None = No
     return broker.enqueue(message, delay=delay)
 
 
+@ON_BOTH
 @pytest.mark.parametrize("shards", [None, 3], ids=["stock_keys", "shards3"], indirect=True)
 def test_kill_9_mid_task_every_message_finishes_within_the_lease(
     broker: Broker, workers: Workers, conn: redis.Redis, shards: int | None
