@@ -73,9 +73,13 @@ class Workers:
     def __init__(self, url: str, tmp: Path) -> None:
         self.url, self.tmp, self.all = url, tmp, []  # type: ignore[var-annotated]
 
-    def start(self, *, stock: bool = False, threads: int = 2, **env: str) -> Worker:
+    def start(self, *, stock: bool = False, threads: int = 2,
+              environ: dict[str, str] | None = None, **env: str) -> Worker:
+        """Start a worker; ``env`` names are upper-cased (``dq_lease_ms=...``), ``environ``'s
+        are passed as they are (Dramatiq's own lower-case ``dramatiq_prom_port``)."""
         w = Worker(self.url, self.tmp / f"worker-{len(self.all)}.log", stock=stock,
-                   threads=threads, env={k.upper(): v for k, v in env.items()})
+                   threads=threads, env={**{k.upper(): v for k, v in env.items()},
+                                         **(environ or {})})
         self.all.append(w)
         return w
 
