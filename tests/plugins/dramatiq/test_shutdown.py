@@ -8,35 +8,16 @@ message runs again on the next worker. Nothing is lost, no claim is left held.""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import dramatiq
-import pytest
 import redis
-from dramatiq.brokers.redis import RedisBroker
 
 from belayq_dramatiq import Broker
 from tests.plugins.dramatiq.conftest import Workers, entries, wait_recorded
 
 #: The workers' ``--worker-shutdown-timeout`` (conftest), in s.
 SHUTDOWN_TIMEOUT = 5.0
-BROKERS = [pytest.param(False, id="belayq"), pytest.param(True, id="stock")]
-
-
-@pytest.fixture(params=BROKERS)
-def stock(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param)
-
-
-@pytest.fixture
-def producer(url: str, conn: redis.Redis, stock: bool) -> Iterator[dramatiq.Broker]:
-    b: dramatiq.Broker = RedisBroker(url=url) if stock else Broker(url=url, lease_ms=1000)
-    b.declare_queue("default")
-    try:
-        yield b
-    finally:
-        b.close()
 
 
 def send(broker: dramatiq.Broker, actor: str, *args: Any) -> None:
