@@ -12,10 +12,13 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import dramatiq
 import pytest
 import redis
+from dramatiq.brokers.redis import RedisBroker
 
 from belayq.embedded import RedisServer
+from belayq_dramatiq import Broker
 from tests.conftest import flushed_client
 from tests.support import wait_for
 
@@ -75,9 +78,13 @@ class Workers:
     def __init__(self, url: str, tmp: Path) -> None:
         self.url, self.tmp, self.all = url, tmp, []  # type: ignore[var-annotated]
 
-    def start(self, *, stock: bool = False, threads: int = 2, **env: str) -> Worker:
+    def start(self, *, stock: bool = False, threads: int = 2,
+              environ: dict[str, str] | None = None, **env: str) -> Worker:
+        """Start a worker; ``env`` names are upper-cased (``dq_lease_ms=...``), ``environ``'s
+        are passed as they are (Dramatiq's own lower-case ``dramatiq_prom_port``)."""
         w = Worker(self.url, self.tmp / f"worker-{len(self.all)}.log", stock=stock,
-                   threads=threads, env={k.upper(): v for k, v in env.items()})
+                   threads=threads, env={**{k.upper(): v for k, v in env.items()},
+                                         **(environ or {})})
         self.all.append(w)
         return w
 
@@ -94,6 +101,23 @@ def workers(url: str, conn: redis.Redis, tmp_path: Path) -> Iterator[Workers]:
         yield ws
     finally:
         ws.kill_all()
+
+
+@pytest.fixture(params=[pytest.param(False, id="belayq"), pytest.param(True, id="stock")])
+def stock(request: pytest.FixtureRequest) -> bool:
+    """Each test that asks runs twice: on belayq_dramatiq.Broker and on stock RedisBroker."""
+    return bool(request.param)
+
+
+@pytest.fixture
+def producer(url: str, conn: redis.Redis, stock: bool) -> Iterator[dramatiq.Broker]:
+    """A producer of the broker ``stock`` picks, with the queue ``default`` declared."""
+    b: dramatiq.Broker = RedisBroker(url=url) if stock else Broker(url=url, lease_ms=1000)
+    b.declare_queue("default")
+    try:
+        yield b
+    finally:
+        b.close()
 
 
 def entries(conn: redis.Redis, what: str) -> list[tuple[str, int]]:
