@@ -20,6 +20,8 @@
    only when every failure is an expected one (with ``--stock``: the baseline, whose
    failures are all listed as they are). ``--compare`` runs all four (stock and belayq,
    both sets of tests) and ends with the counts side by side.
+4. With ``BELAYQ_DRAMATIQ_SHARDS=N`` the swapped-in broker has ``shards=N`` (belayq's own
+   keys); the one further failure expected then is listed in ``EXPECTED_SHARDED``.
 """
 
 from __future__ import annotations
@@ -152,8 +154,22 @@ def fetch_and_unpack() -> Path:
     return dest
 
 
+#: The swapped-in broker's ``shards`` (BELAYQ_DRAMATIQ_SHARDS, read by the harness): belayq's
+#: own keys, where the tests that read stock's list by its name find nothing.
+SHARDS = os.environ.get("BELAYQ_DRAMATIQ_SHARDS", "")
+#: Further expected failures in belayq's own keys.
+EXPECTED_SHARDED: dict[str, str] = {
+    _T + "test_redis_requeues_unhandled_messages_on_shutdown": (
+        "reads stock's list dramatiq:<queue> by its name; with shards the queue is in "
+        "belayq's own keys; equivalent: test_broker.py::"
+        "test_prefetched_messages_go_back_uncounted_on_close[shards3]"
+    ),
+}
+
+
 def mode(stock: bool, on_redis: bool) -> str:
-    return ("stock" if stock else "belayq") + ("-on-redis" if on_redis else "")
+    own = f"-shards{SHARDS}" if SHARDS and not stock else ""
+    return ("stock" if stock else "belayq") + own + ("-on-redis" if on_redis else "")
 
 
 def junit_path(stock: bool, on_redis: bool) -> Path:
@@ -216,13 +232,15 @@ def report(stock: bool, on_redis: bool, seconds: float) -> int:
             counts["skipped"] += 1
         else:
             counts["passed"] += 1
-    label = "stock RedisBroker" if stock else "belayq_dramatiq.Broker swapped in"
+    label = "stock RedisBroker" if stock else "belayq_dramatiq.Broker swapped in" + (
+        f" (shards={SHARDS})" if SHARDS else "")
     tests = "StubBroker tests on a Redis broker" if on_redis else "Redis broker tests"
     print(f"\nDramatiq {version()} {tests}, {label}: {counts['passed']} passed, "
           f"{counts['failed']} failed, {counts['skipped']} skipped in {seconds:.0f} s")
     unexpected = []
     not_run = [] if stock or on_redis else list(NOT_RUN)
-    expected = EXPECTED_ON_REDIS if on_redis else EXPECTED
+    expected = EXPECTED_ON_REDIS if on_redis else {**EXPECTED, **(
+        EXPECTED_SHARDED if SHARDS else {})}
     for nodeid in not_run:
         print(f"  NOT RUN {nodeid}\n      expected to fail: {NOT_RUN[nodeid]}")
     for nodeid, message in failures.items():

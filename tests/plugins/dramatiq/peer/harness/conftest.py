@@ -6,6 +6,7 @@ With BELAYQ_DRAMATIQ_ON_REDIS=1 the tests written for StubBroker (actors, middle
 composition, results...) run on that Redis broker too: ``stub_broker`` is the Redis broker
 with the two test helpers of StubBroker they use (``dead_letters``, and ``join``'s
 ``fail_fast``, which raises the exception of a message dead-lettered during the join).
+BELAYQ_DRAMATIQ_SHARDS=N gives the swapped-in broker ``shards=N`` (belayq's own keys).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dramatiq.results.backends import RedisBackend
 
 SWAP = os.environ.get("BELAYQ_DRAMATIQ_SWAP") == "1"
 ON_REDIS = os.environ.get("BELAYQ_DRAMATIQ_ON_REDIS") == "1"
+#: With the swap, the broker's ``shards`` (belayq's own keys), when set.
+SHARDS = os.environ.get("BELAYQ_DRAMATIQ_SHARDS", "")
 
 
 class _Nacks(Middleware):
@@ -62,11 +65,14 @@ def with_stub_helpers(base):
 
 
 def _redis_broker(stub_helpers=False):
+    options = {}
     if SWAP:
         from belayq_dramatiq import Broker as base
+        if SHARDS:
+            options["shards"] = int(SHARDS)
     else:
         base = RedisBroker
-    return (with_stub_helpers(base) if stub_helpers else base)()
+    return (with_stub_helpers(base) if stub_helpers else base)(**options)
 
 
 @pytest.fixture
