@@ -218,7 +218,7 @@ class Registry:
             old = _readable(raw)
             if old is None:  # written by another belayq version: left as it is
                 return rec
-            _check_layout(old, rec)
+            check_layout(old, rec)
             changed = {f: (getattr(old, f), getattr(rec, f)) for f in rec.named
                        if getattr(old, f) != getattr(rec, f)}
             # A record written before the kept fields were recorded learns them now.
@@ -303,7 +303,12 @@ def _readable(raw: bytes | str) -> QueueRecord | None:
         return None
 
 
-def _check_layout(old: QueueRecord, new: QueueRecord) -> None:
+def check_layout(old: QueueRecord, new: QueueRecord) -> None:
+    """Refuse ``new`` when it lays out the queue of ``old`` otherwise.
+
+    Raises:
+        ConfigError: A layout field differs.
+    """
     diff = [f for f in LAYOUT_FIELDS if getattr(old, f) != getattr(new, f)]
     if diff:
         shown = "; ".join(f"{f}: recorded {getattr(old, f)!r}, asked {getattr(new, f)!r}"

@@ -42,7 +42,7 @@ from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys, owned_ready_key, shard_names
 from .models import Delivery, Published, SweepResult
 from .queue import ReliableQueue
-from .registry import QueueRecord, Registry, check_kind, record_or_warn
+from .registry import QueueRecord, Registry, check_kind, check_layout, record_or_warn
 from .sharded_admin import ShardedAdmin
 
 T = TypeVar("T")
@@ -90,12 +90,15 @@ class ShardedQueue(ShardedAdmin):
         parts = [ReliableQueue(client, n, keeper=keeper, record=False, kind=kind,
                                **self._owned(n), **options) for n in names]
         self.config = parts[0].config
-        if shards > 1:
-            self._record_count(shards)
+        mine = None
         if record:
             mine = dataclasses.replace(parts[0].record(shards), name=name)
             if shards > 1:  # the shards' keys follow from the kind and the name
                 mine = dataclasses.replace(mine, ready_key=None, level_keys=())
+            _redis_errors(self._check_recorded_layout)(mine)  # before anything is written
+        if shards > 1:
+            self._record_count(shards)
+        if mine is not None:
             stood = _redis_errors(self._record_in_registry)(mine)
             for q in parts:
                 q._adopt(stood)
@@ -116,22 +119,42 @@ class ShardedQueue(ShardedAdmin):
         ready = owned_ready_key(self.kind, name, self._prefix)
         return {} if ready is None else {"ready_key": ready}
 
+    def _replaces(self, old: QueueRecord, mine: QueueRecord) -> bool:
+        """Whether ``mine`` may replace record ``old``: the plain queue of this name and
+        kind, sharded now, or the other way round (the shard count recorded in its stats
+        hash decides, see :meth:`_record_count`). A record of another layout (a
+        framework's own lists) may not."""
+        plain = self._owned(self.name).get("ready_key")
+        return old.shards != mine.shards and old.ready_key in (plain, None) and             mine.ready_key in (plain, None)
+
+    def _check_recorded_layout(self, mine: QueueRecord) -> None:
+        """Refuse (``ConfigError``) to open a queue recorded with another layout, before
+        anything is written."""
+        with contextlib.suppress(*NO_PERMISSION):  # an unreadable registry: warned later
+            old = Registry(self.client, self.config.prefix).get(self.kind, self.name)
+            if old is not None and not self._replaces(old, mine):
+                check_layout(old, mine)
+
     def _record_in_registry(self, mine: QueueRecord) -> QueueRecord:
-        """Record the logical queue; a drained plain queue sharded now (its shard count in
-        its stats hash allowed it, see :meth:`_record_count`) is recorded anew. A record of
-        another layout (a framework's own lists) stays, and the registry refuses this one."""
+        """Record the logical queue; a drained plain queue sharded now is recorded anew
+        (see :meth:`_replaces`)."""
         registry = Registry(self.client, self.config.prefix)
         with contextlib.suppress(*NO_PERMISSION):  # warned below
             old = registry.get(self.kind, self.name)
-            plain = self._owned(self.name).get("ready_key")
-            if old is not None and old.shards != mine.shards and old.ready_key == plain:
+            if old is not None and self._replaces(old, mine):
                 registry.forget(self.kind, self.name)
         return record_or_warn(registry, mine)
+
+    def count_key(self) -> str:
+        """The hash that records the shard count: the stats hash of the plain queue of
+        this name and kind (``belayq:{<name>}:stats``)."""
+        return QueueKeys.build(self.name, prefix=self.config.prefix,
+                               **self._owned(self.name)).stats
 
     @_redis_errors
     def _record_count(self, shards: int) -> None:
         owned = self._owned(self.name)
-        base = QueueKeys.build(self.name, prefix=self.config.prefix, **owned).stats
+        base = self.count_key()
         schema, recorded = self.client.hmget(base, ["schema", SHARDS_FIELD])
         if recorded is None:
             if schema is not None:

@@ -10,7 +10,7 @@ from .admin import Purged
 from .config import QueueConfig
 from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
-from .keys import SHARDS_FIELD, QueueKeys
+from .keys import SHARDS_FIELD
 from .models import DeadLetter, HistoryRecord, Lease
 from .queue import ReliableQueue
 from .registry import Registry
@@ -23,10 +23,15 @@ class ShardedAdmin:
     """Read-mostly operations of :class:`~belayq.ShardedQueue` (mixed into it)."""
 
     name: str
+    kind: str
     client: Any
     config: QueueConfig
     shards: tuple[ReliableQueue, ...]
     _by_name: dict[str, ReliableQueue]
+
+    def count_key(self) -> str:
+        """The hash that records the shard count (the logical queue's stats hash)."""
+        raise NotImplementedError
 
     def shard_stats(self) -> dict[str, dict[str, int]]:
         """Each shard's :meth:`ReliableQueue.stats`, by shard name."""
@@ -144,7 +149,6 @@ class ShardedAdmin:
         if not all([q.drop() for q in self.shards]):
             return False
         if len(self.shards) > 1:
-            base = QueueKeys.build(self.name, prefix=self.config.prefix).stats
-            self.client.hdel(base, SHARDS_FIELD)
-        Registry(self.client, self.config.prefix).forget("belayq", self.name)
+            self.client.hdel(self.count_key(), SHARDS_FIELD)
+        Registry(self.client, self.config.prefix).forget(self.kind, self.name)
         return True

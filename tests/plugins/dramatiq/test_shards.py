@@ -1,17 +1,22 @@
 """belayq_dramatiq.Broker with ``shards``: each queue in belayq's own keys over several hash
 slots, the bodies in the core's payloads. Dramatiq's Worker drains it (delayed and retried
 messages included) without creating stock's keys; the registry, the tools and the dashboard
-open it as recorded; a queue laid out otherwise is refused, and a core queue of the same
-name stays apart; on a Redis Cluster the shards spread over the nodes."""
+open it as recorded; a queue laid out otherwise is refused before anything is written, a
+core queue of the same name stays apart (dropping one leaves the other), a dropped queue can
+be laid out anew, stock producers' messages move in; on a Redis Cluster the shards spread
+over the nodes."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import dramatiq
 import pytest
 import redis
+from dramatiq.brokers.redis import RedisBroker
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
@@ -25,6 +30,16 @@ from belayq.web.console import message as message_detail
 from belayq_dramatiq import Broker
 from tests.plugins.dramatiq.inproc import Ran, run_with_worker
 from tests.support import wait_for
+
+
+def _send(broker: Broker, key: str) -> None:
+    broker.enqueue(dramatiq.Message(queue_name="default", actor_name="mark", args=(key,),
+                                    kwargs={}, options={}))
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "belayq", args[0], "--url", url, *args[1:]],
+                          capture_output=True, text=True, check=False, timeout=60)
 
 
 @pytest.fixture
@@ -144,6 +159,86 @@ def test_a_core_queue_of_the_same_name_stays_apart(broker: Broker, conn: redis.R
     kinds = sorted((f.kind, f.name) for f in list_queues(conn))
     assert kinds == [("belayq", "default"), ("belayq", "solo"), ("dramatiq", "default"),
                      ("dramatiq", "solo")]
+
+
+def test_dropping_a_sharded_dramatiq_queue_leaves_a_same_named_core_queue_alone(
+    url: str, conn: redis.Redis
+) -> None:
+    core = ShardedQueue(conn, "default", shards=3, keeper=False)
+    core.publish(b"core 1")
+    core.publish(b"core 2")
+    core.close()
+    b = Broker(url=url, shards=3)
+    b.declare_queue("default")
+    b.close()
+    assert _cli(url, "drop", "default", "--kind", "dramatiq", "--yes").returncode == 0
+    kinds = {(r.kind, r.name) for r in Registry(conn).all()}
+    assert ("belayq", "default") in kinds  # the core queue's record stays
+    assert conn.hget("belayq:{default}:stats", "shards") == b"3"  # and its shard count
+    with pytest.raises(ConfigError, match="sharded over 3"):
+        ShardedQueue(conn, "default", shards=2, keeper=False)  # its 2 messages would strand
+
+
+def test_a_dropped_sharded_dramatiq_queue_can_be_laid_out_anew(
+    url: str, conn: redis.Redis
+) -> None:
+    b = Broker(url=url, shards=3)
+    b.declare_queue("default")
+    _send(b, "x")
+    b.flush("default")
+    b.close()
+    assert _cli(url, "drop", "default", "--kind", "dramatiq", "--yes").returncode == 0
+    assert ("dramatiq", "default") not in {(r.kind, r.name) for r in Registry(conn).all()}
+    assert not conn.exists("belayq:dramatiq:{default}:stats")
+    again = Broker(url=url, shards=2)  # as the refusal advises: drop it, then the new count
+    again.declare_queue("default")
+    again.close()
+
+
+def test_a_refused_switch_from_stock_keys_writes_no_shard_count(
+    url: str, conn: redis.Redis
+) -> None:
+    stock = Broker(url=url)
+    stock.declare_queue("default")
+    _send(stock, "waiting")
+    with pytest.raises(ConfigError, match="laid out otherwise"):
+        Broker(url=url, shards=3).declare_queue("default")
+    assert not conn.exists("belayq:dramatiq:{default}:stats")  # the refusal changed nothing
+    stock.flush("default")
+    stock.close()
+    assert _cli(url, "drop", "default", "--kind", "dramatiq", "--yes").returncode == 0
+    two = Broker(url=url, shards=2)  # a count that the refused broker never used
+    two.declare_queue("default")
+    two.close()
+
+
+def test_stock_producers_messages_move_into_the_sharded_queue_and_run(
+    url: str, conn: redis.Redis
+) -> None:
+    """A rolling migration into belayq's own keys: messages stock RedisBroker producers sent
+    before the switch, and send during it (ready and delayed), run on a sharded broker's
+    worker, once each; stock's lists end empty."""
+    stock = RedisBroker(url=url)
+    stock.enqueue(dramatiq.Message(queue_name="default", actor_name="note",
+                                   args=("before",), kwargs={}, options={}))
+    broker = Broker(url=url, lease_ms=2000, shards=3)
+
+    def body(ran: Ran) -> None:
+        for key in ("during-1", "during-2"):
+            stock.enqueue(dramatiq.Message(queue_name="default", actor_name="note",
+                                           args=(key,), kwargs={}, options={}))
+        stock.enqueue(dramatiq.Message(queue_name="default", actor_name="note",
+                                       args=("later",), kwargs={}, options={}), delay=300)
+        expected = {"before", "during-1", "during-2", "later"}
+        wait_for(lambda: ran.seen() == expected, 30, ran.seen)
+        assert sorted(ran.keys) == sorted(expected)
+
+    run_with_worker(broker, body)
+    assert conn.llen("dramatiq:default") == 0 and conn.llen("dramatiq:default.DQ") == 0
+    assert conn.hlen("dramatiq:default.msgs") == 0
+    stock.close()
+    assert [(r.kind, r.name, r.shards) for r in Registry(conn).all()
+            if r.name == "default"] == [("dramatiq", "default", 3)]
 
 
 def test_bad_shard_settings_are_refused_before_anything_is_written() -> None:

@@ -31,7 +31,7 @@ from belayq import ConfigError
 from belayq.client_info import is_cluster
 from belayq.keys import dramatiq_layout, shard_names
 
-from .consumer import Consumer, DelayConsumer, StartReports
+from .consumer import Consumer, StartReports, StockInlet
 from .failed import FailedRuns
 from .parent import ParentWatch
 from .store import AnyStore, ShardedStore, Store, core_options
@@ -157,16 +157,33 @@ class Broker(dramatiq.Broker):
     def consume(self, queue_name: str, prefetch: int = 1, timeout: int = 5000
                 ) -> dramatiq.Consumer:
         """A consumer of ``queue_name`` (of a stock delay queue ``<queue>.DQ``: one that
-        moves its messages into the queue's delayed set)."""
+        moves what stock producers send into the queue, see :class:`StockInlet`)."""
         if queue_name in self.delay_queues:
-            return DelayConsumer(self, queue_name, timeout)
+            return StockInlet(self, queue_name, timeout)
         return Consumer(self, self.store(queue_name), prefetch, timeout)
 
+    def stock_sources(self, queue_name: str) -> tuple[str, ...]:
+        """The stock lists whose messages this broker moves into ``queue_name``: its delay
+        queue's, and with ``shards`` its own."""
+        own = (queue_name,) if self.shards is not None else ()
+        return (dq_name(queue_name), *own)
+
     def stock_list_exists(self, queue_name: str) -> bool:
-        """Whether stock RedisBroker's list of ``queue_name`` exists (a stock delay queue
-        that stock producers wrote to)."""
+        """Whether stock RedisBroker's list of ``queue_name`` exists (stock producers wrote
+        to it)."""
         layout = dramatiq_layout(queue_name, namespace=self.namespace, cluster=self.cluster)
         return bool(self.client.exists(str(layout["ready_key"])))
+
+    def stock_store(self, queue_name: str) -> Store:
+        """A store on stock's list of ``queue_name``, which stock producers write to; with
+        ``shards``, the queue's own is not recorded in the registry (the queue is recorded
+        in belayq's own keys)."""
+        if queue_name in self.delay_queues or self.shards is None:
+            found = self.store(queue_name)
+            assert isinstance(found, Store)
+            return found
+        return Store(self.client, queue_name, namespace=self.namespace, cluster=self.cluster,
+                     options=self.options, record=False)
 
     def declare_queue(self, queue_name: str) -> None:
         """Declare a queue (and its stock delay queue, drained into Redis's delayed set)."""

@@ -27,12 +27,12 @@ from belayq import ConnectionLost, Delivery
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .store import AnyStore
+    from .store import AnyStore, Store
 
 log = logging.getLogger("belayq_dramatiq")
 
-#: Most messages one conversion pass takes from a stock delay queue.
-DELAY_BATCH = 100
+#: Most messages one pass takes from a stock list.
+MOVE_BATCH = 100
 
 
 class Proxy(MessageProxy):
@@ -198,19 +198,23 @@ class Consumer(dramatiq.Consumer):
                             "after their lease", len(cached), self.queue_name)
 
 
-class DelayConsumer(dramatiq.Consumer):
-    """The consumer of a stock delay queue (``<queue>.DQ``), where stock ``RedisBroker``
-    producers put delayed messages during a rolling migration: it moves each into the
-    core's delayed set of its queue, due at its ``eta``, and hands nothing to the worker.
-    A crash between the move and the ack moves it again, deduplicated by its id. Until the
-    stock list exists it only looks for it (one ``EXISTS`` per ``timeout``), so a fleet that
-    never ran stock producers gets no queue of that name."""
+class StockInlet(dramatiq.Consumer):
+    """The consumer of a stock delay queue (``<queue>.DQ``): it moves what stock
+    ``RedisBroker`` producers put in stock's lists of the queue into the broker's store of
+    it, and hands nothing to the worker. In stock's keys that is the ``.DQ`` list, whose
+    messages go into the core's delayed set, due at their ``eta`` (stock producers' ready
+    messages are in the queue's own list already). With ``shards`` it is the queue's stock
+    list too, so stock producers can go on sending during a rolling migration into belayq's
+    own keys. A crash between the move and the ack moves a message again, deduplicated by
+    its id. Until a stock list exists it only looks for it (one ``EXISTS`` per
+    ``timeout``), so a fleet that never ran stock producers gets no queue of that name."""
 
     def __init__(self, broker: Broker, queue_name: str, timeout: int) -> None:
         self.broker = broker
         self.queue_name = queue_name
         self.timeout = timeout
-        self._store: AnyStore | None = None
+        self._missing = list(broker.stock_sources(q_name(queue_name)))
+        self._sources: list[Store] = []
 
     def __next__(self) -> MessageProxy | None:
         try:
@@ -220,23 +224,26 @@ class DelayConsumer(dramatiq.Consumer):
         return None
 
     def _move(self) -> None:
-        if self._store is None:
-            if not self.broker.stock_list_exists(self.queue_name):
-                time.sleep(self.timeout / 1000)
-                return
-            self._store = self.broker.store(self.queue_name)
-        store = self._store
-        got = store.core.claim(timeout=self.timeout / 1000, count=DELAY_BATCH)
-        try:
-            self._convert(store, got)
-        except BaseException:  # what was not moved goes back to the stock list at once
+        for name in list(self._missing):
+            if self.broker.stock_list_exists(name):
+                self._missing.remove(name)
+                self._sources.append(self.broker.stock_store(name))
+        if not self._sources:
+            time.sleep(self.timeout / 1000)
+            return
+        for store in self._sources:
+            got = store.core.claim(timeout=self.timeout / 1000 / len(self._sources),
+                                   count=MOVE_BATCH)
             try:
-                store.core.release(got)
-            except Exception:
-                store.core.forget(got)
-            raise
+                self._convert(store, got)
+            except BaseException:  # what was not moved goes back to the stock list at once
+                try:
+                    store.core.release(got)
+                except Exception:
+                    store.core.forget(got)
+                raise
 
-    def _convert(self, store: AnyStore, got: list[Delivery]) -> None:
+    def _convert(self, store: Store, got: list[Delivery]) -> None:
         target = self.broker.store(q_name(self.queue_name))
         for delivery, body in zip(got, store.bodies(got), strict=True):
             if body is None:
@@ -252,7 +259,7 @@ class DelayConsumer(dramatiq.Consumer):
             message = message.copy(queue_name=target.name)
             message_id = str(message.options.get("redis_message_id") or delivery.payload.decode())
             target.publish(message_id, message.encode(), delay_ms=delay_ms,
-                           dedup_id=f"dq:{message_id}")
+                           dedup_id=f"stock:{message_id}")
             store.ack(delivery)
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:

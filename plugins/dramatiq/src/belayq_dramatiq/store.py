@@ -63,16 +63,19 @@ class Store:
         namespace: Stock RedisBroker's ``namespace``.
         cluster: Lay the keys out in one hash tag (see :func:`dramatiq_layout`).
         options: :class:`~belayq.QueueConfig` fields, checked by :func:`core_options`.
+        record: Record the queue in belayq's registry.
     """
 
     def __init__(
-        self, client: Any, name: str, *, namespace: str, cluster: bool, options: Mapping[str, Any]
+        self, client: Any, name: str, *, namespace: str, cluster: bool,
+        options: Mapping[str, Any], record: bool = True,
     ) -> None:
         layout: dict[str, Any] = dramatiq_layout(name, namespace=namespace, cluster=cluster)
         self.messages = str(layout.pop("messages"))
         self.client = client
         self.name = name
-        self.core = ReliableQueue(client, name, claim_starts=False, **layout, **options)
+        self.core = ReliableQueue(client, name, claim_starts=False, record=record, **layout,
+                                  **options)
 
     @redis_errors
     def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
