@@ -16,8 +16,10 @@ import dramatiq
 import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from redis.cluster import ClusterNode, RedisCluster
 
-from belayq.embedded import RedisServer
+from belayq.embedded import RedisClusterServers, RedisServer
+from belayq.keeper import KEEPER
 from belayq_dramatiq import Broker
 from tests.conftest import flushed_client
 from tests.support import wait_for
@@ -135,3 +137,16 @@ def wait_recorded(
     """Wait until ``t:<what>`` holds ``count`` entries; returns them."""
     return wait_for(lambda: (e := entries(conn, what)) and len(e) >= count and e, timeout,
                     lambda: f"{count} entries in t:{what}, got {entries(conn, what)}")
+
+
+@pytest.fixture
+def cluster_client(cluster_servers: RedisClusterServers) -> Iterator[RedisCluster]:
+    """A client of the session's 3-master cluster, flushed first."""
+    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in
+                                         cluster_servers.startup_nodes])
+    client.flushall()
+    try:
+        yield client
+    finally:
+        KEEPER.stop_all()
+        client.close()

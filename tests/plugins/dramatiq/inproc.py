@@ -11,6 +11,7 @@ import dramatiq
 from dramatiq import Worker
 
 from belayq_dramatiq import Broker
+from tests.support import wait_for
 
 
 class Ran:
@@ -41,3 +42,18 @@ def run_with_worker(broker: Broker, body: Callable[[Ran], Any]) -> None:
     finally:
         worker.stop()
         broker.close()
+
+
+def sends_and_drains(broker: Broker, n: int) -> Callable[[Ran], None]:
+    """A body for :func:`run_with_worker`: ``n`` messages and one delayed 300 ms, waited
+    for until each ran and the queue is settled."""
+
+    def body(ran: Ran) -> None:
+        for i in range(n):
+            ran.actor.send(f"k{i}")
+        ran.actor.send_with_options(args=("late",), delay=300)
+        expected = {*(f"k{i}" for i in range(n)), "late"}
+        wait_for(lambda: ran.seen() == expected, 30, ran.seen)
+        broker.join("default", timeout=10_000)
+
+    return body

@@ -17,18 +17,16 @@ import dramatiq
 import pytest
 import redis
 from dramatiq.brokers.redis import RedisBroker
-from redis.cluster import ClusterNode, RedisCluster
+from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
 from belayq import ConfigError, ReliableQueue, ShardedQueue
 from belayq.discovery import find, list_queues, open_found
-from belayq.embedded import RedisClusterServers
-from belayq.keeper import KEEPER
 from belayq.kinds import tools_for
 from belayq.registry import Registry
 from belayq.web.console import message as message_detail
 from belayq_dramatiq import Broker
-from tests.plugins.dramatiq.inproc import Ran, run_with_worker
+from tests.plugins.dramatiq.inproc import Ran, run_with_worker, sends_and_drains
 from tests.support import wait_for
 
 
@@ -60,15 +58,7 @@ def send(broker: Broker, key: str, delay: int | None = None,
 def test_a_worker_drains_a_sharded_queue_without_stock_keys(
     broker: Broker, conn: redis.Redis
 ) -> None:
-    def body(ran: Ran) -> None:
-        for i in range(60):
-            ran.actor.send(f"k{i}")
-        ran.actor.send_with_options(args=("late",), delay=300)
-        expected = {*(f"k{i}" for i in range(60)), "late"}
-        wait_for(lambda: ran.seen() == expected, 30, ran.seen)
-        broker.join("default", timeout=10_000)
-
-    run_with_worker(broker, body)
+    run_with_worker(broker, sends_and_drains(broker, 60))
     core = broker.store("default").core
     assert isinstance(core, ShardedQueue) and core.kind == "dramatiq"
     per_shard = [s["acked"] for s in core.shard_stats().values()]
@@ -250,32 +240,12 @@ def test_bad_shard_settings_are_refused_before_anything_is_written() -> None:
             Broker(url="redis://127.0.0.1:1/0", **kwargs)
 
 
-@pytest.fixture
-def cluster_client(cluster_servers: RedisClusterServers) -> Iterator[RedisCluster]:
-    client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in
-                                         cluster_servers.startup_nodes])
-    client.flushall()
-    try:
-        yield client
-    finally:
-        KEEPER.stop_all()
-        client.close()
-
-
 def test_on_a_redis_cluster_the_shards_spread_over_the_nodes(
     cluster_client: RedisCluster
 ) -> None:
     broker = Broker(client=cluster_client, lease_ms=2000, shards=3)
 
-    def body(ran: Ran) -> None:
-        for i in range(30):
-            ran.actor.send(f"k{i}")
-        ran.actor.send_with_options(args=("late",), delay=300)
-        expected = {*(f"k{i}" for i in range(30)), "late"}
-        wait_for(lambda: ran.seen() == expected, 30, ran.seen)
-        broker.join("default", timeout=10_000)
-
-    run_with_worker(broker, body)
+    run_with_worker(broker, sends_and_drains(broker, 30))
     core = broker.store("default").core
     assert isinstance(core, ShardedQueue)
     nodes = {cluster_client.get_node_from_key(p.keys.ready).name for p in core.shards}
