@@ -1,6 +1,6 @@
 """The Dramatiq side of the chaos workers (``dramatiq benchmarks.chaos.dramatiq_app``): the
 actor and the broker, configured from the environment the harness sets:
-``CHAOS_DRAMATIQ`` (``belayq`` or ``stock``), ``CHAOS_BROKER``, ``CHAOS_QUEUE``,
+``CHAOS_DRAMATIQ`` (``belayq``, ``belayq-shards`` or ``stock``), ``CHAOS_BROKER``, ``CHAOS_QUEUE``,
 ``CHAOS_LEASE_MS``, ``CHAOS_SWEEP_MS``, ``CHAOS_MAX_DELIVERIES``, ``CHAOS_WAIT_REPLICAS``."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ ACTOR = "work"
 
 
 def make_broker(kind: str, url: str) -> dramatiq.Broker:
-    """The stack's broker: stock ``RedisBroker`` or ``belayq_dramatiq.Broker``."""
+    """The stack's broker: stock ``RedisBroker``, or ``belayq_dramatiq.Broker`` (in stock's
+    keys; with ``belayq-shards``, in belayq's own over 3 shards)."""
     if kind == "stock":
         return RedisBroker(url=url)
     from belayq_dramatiq import Broker
@@ -30,6 +31,7 @@ def make_broker(kind: str, url: str) -> dramatiq.Broker:
             "sweep_interval_ms": int(_env("CHAOS_SWEEP_MS", "500")),
             "wait_replicas": int(_env("CHAOS_WAIT_REPLICAS", "0")),
         },
+        shards=3 if kind == "belayq-shards" else None,
     )
 
 

@@ -1,5 +1,6 @@
-"""The Dramatiq stacks: ``dramatiq-belayq`` (``belayq_dramatiq.Broker``) and
-``dramatiq-stock`` (``RedisBroker``). Workers are real ``dramatiq`` commands, one worker
+"""The Dramatiq stacks: ``dramatiq-belayq`` (``belayq_dramatiq.Broker``),
+``dramatiq-belayq-shards`` (the same with ``shards=3``) and ``dramatiq-stock``
+(``RedisBroker``). Workers are real ``dramatiq`` commands, one worker
 process each with ``concurrency`` threads; a worker process killed takes its command down
 (as Dramatiq's CLI does), and the harness starts a new one, as a supervisor would."""
 
@@ -60,6 +61,11 @@ class DramatiqBelayq(DramatiqStack):
 
     def core_stats(self) -> dict[str, Any] | None:
         return dict(self.broker.store(self.cfg.queue).core.stats())  # type: ignore[attr-defined]
+
+
+class DramatiqBelayqShards(DramatiqBelayq):
+    name = "dramatiq-belayq-shards"
+    kind = "belayq-shards"
 
 
 class DramatiqStock(DramatiqStack):

@@ -22,8 +22,8 @@ from .servers import BrokerSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 RQ_BIN = str(Path(sys.executable).with_name("rq"))
-STACKS = ("celery-belayq", "rq-belayq", "dramatiq-belayq", "celery-stock", "rq-stock",
-          "dramatiq-stock")
+STACKS = ("celery-belayq", "rq-belayq", "dramatiq-belayq", "dramatiq-belayq-shards",
+          "celery-stock", "rq-stock", "dramatiq-stock")
 # RQ's scheduler (for enqueue_in) runs in one worker, under a lock that lives 61 s past
 # its holder's death; another worker takes it over at its next maintenance pass (default
 # every 600 s), which an idle worker runs only when its blocking dequeue times out
@@ -417,7 +417,7 @@ def _names(items: Any) -> list[str]:
 
 
 def _classes() -> dict[str, type[Stack]]:
-    from .dramatiq_stacks import DramatiqBelayq, DramatiqStock
+    from .dramatiq_stacks import DramatiqBelayq, DramatiqBelayqShards, DramatiqStock
 
     return {
         "celery-belayq": CeleryBelayq,
@@ -425,6 +425,7 @@ def _classes() -> dict[str, type[Stack]]:
         "rq-belayq": RQBelayq,
         "rq-stock": RQStock,
         "dramatiq-belayq": DramatiqBelayq,
+        "dramatiq-belayq-shards": DramatiqBelayqShards,
         "dramatiq-stock": DramatiqStock,
     }
 

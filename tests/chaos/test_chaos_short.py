@@ -1,8 +1,9 @@
-"""The chaos harness, short: a few hundred tasks through real Celery (prefork) and RQ
-(forking) workers on belayq while every fault kind is injected at least once: SIGKILL of a
-worker's main process, of a pool child / work horse, of several workers at once, CLIENT KILL
-of the workers' connections, a restart of the broker redis-server (AOF, appendfsync always)
-and a worker frozen with SIGSTOP past its lease.
+"""The chaos harness, short: a few hundred tasks through real Celery (prefork), RQ
+(forking) and Dramatiq (belayq's own keys over 3 shards) workers on belayq while every
+fault kind is injected at least once: SIGKILL of a worker's main process, of a pool child /
+work horse, of several workers at once, CLIENT KILL of the workers' connections, a restart
+of the broker redis-server (AOF, appendfsync always) and a worker frozen with SIGSTOP past
+its lease.
 
 Fails if belayq loses a task (published, never completed) or completes one more than once
 when no fault hit a process that held it. Each fault is checked to have happened (the pids
@@ -59,7 +60,7 @@ def _redis_available() -> None:
         unavailable(f"no redis-server: {exc}")
 
 
-@pytest.mark.parametrize("stack", ["celery-belayq", "rq-belayq"])
+@pytest.mark.parametrize("stack", ["celery-belayq", "rq-belayq", "dramatiq-belayq-shards"])
 def test_chaos_short(stack: str, tmp_path: Path) -> None:
     cfg = config(tmp_path)
     plan = make_schedule(cfg.seed, cfg.duration_s, cfg.fault_every_s)
