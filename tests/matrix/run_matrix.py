@@ -30,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / ".peer" / "matrix-results.json"
 
-#: The oldest and the newest of each framework (kombu/Celery, RQ, redis-py): what CI runs.
-#: The newest redis-py on Python 3.11 is the suite's own environment, so it is not repeated.
-CI_ENVS = ["kombu53", "kombu57", "rq20", "rq212", "py311-redis5"]
+#: The oldest and the newest of each framework (kombu/Celery, RQ, Dramatiq, redis-py): what
+#: CI runs. The newest Dramatiq, and the newest redis-py on Python 3.11, are the suite's own
+#: environment, so they are not repeated.
+CI_ENVS = ["kombu53", "kombu57", "rq20", "rq212", "dramatiq117", "py311-redis5"]
 
 #: The tests each kind of env runs (what its factor changes): the adapter's tests with real
 #: workers, or the core's with the scripts and the blocking claim.

@@ -1,6 +1,7 @@
 """The oldest and the newest of each framework belayq adapts (kombu/Celery 5.3 and 5.7, rq
-2.0 and 2.12, redis-py 5 and 8), each in its tox env with the tests its version changes
-(tests/matrix/run_matrix.py). Every env of tox.ini runs with ``python -m
+2.0 and 2.12, Dramatiq 1.17 and 2.2, redis-py 5 and 8), each in its tox env with the tests
+its version changes (tests/matrix/run_matrix.py); the newest Dramatiq and redis-py are the
+suite's own environment. Every env of tox.ini runs with ``python -m
 tests.matrix.run_matrix --all`` outside CI; docs/proof.md has that table.
 
 Several minutes of installs and tests, so it runs under CI=true (or BELAYQ_MATRIX=1) only,

@@ -21,6 +21,12 @@ from tests import background
 from tests.conftest import CI, unavailable
 from tests.plugins.dramatiq.conftest import ROOT
 
+#: The least each Dramatiq minor's sdist must pass with belayq swapped in (its Redis broker
+#: tests, its StubBroker tests on Redis), a little under what it passed here (1.17.1: 13 and
+#: 72; 2.0.1: 12 and 77; 2.1.0: 12 and 79; 2.2.1: 12 and 84): older sdists ship fewer tests.
+#: A newer minor is held to the newest's.
+PASSED = {"1.17": (12, 68), "2.0": (12, 73), "2.1": (12, 75), "2.2": (12, 80)}
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
@@ -38,5 +44,6 @@ def test_dramatiq_own_tests_pass_with_belayq_swapped_in() -> None:
         json.loads((ROOT / ".peer" / f"dramatiq-{version}-{mode}-results.json").read_text())
         for mode in ("belayq", "belayq-on-redis")
     )
-    assert redis_tests["unexpected"] == [] and redis_tests["passed"] >= 12
-    assert on_redis["unexpected"] == [] and on_redis["passed"] >= 80
+    redis_floor, on_redis_floor = PASSED.get(version.rsplit(".", 1)[0], PASSED["2.2"])
+    assert redis_tests["unexpected"] == [] and redis_tests["passed"] >= redis_floor
+    assert on_redis["unexpected"] == [] and on_redis["passed"] >= on_redis_floor

@@ -14,7 +14,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Container, Iterable
 from typing import TYPE_CHECKING, Any
 
 import dramatiq
@@ -43,11 +43,20 @@ class Proxy(MessageProxy):
         self.belayq_delivery = delivery
 
 
-def reason_of(message: MessageProxy) -> str:
-    """Why a failed message is dead-lettered: its exception, or what failed it."""
+def reason_of(message: MessageProxy, actors: Container[str]) -> str:
+    """Why a failed message is dead-lettered: its exception, or what failed it.
+
+    Args:
+        message: The failed message.
+        actors: The names of the actors the broker knows.
+    """
     exc = getattr(message, "_exception", None)
+    if exc is None and message.actor_name not in actors:
+        # Dramatiq 1.x fails a message of an unknown actor without its ActorNotFound, which
+        # 2.x attaches; the reason reads the same on both.
+        return f"ActorNotFound: {message.actor_name}"
     if exc is None:
-        return "failed by Dramatiq (message.fail(), e.g. AgeLimit or an unknown actor)"
+        return "failed by Dramatiq (message.fail(), e.g. AgeLimit)"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -166,7 +175,7 @@ class Consumer(dramatiq.Consumer):
         if delivery is None:
             return
         try:
-            if not self.store.core.dead_letter(delivery, reason_of(message)):
+            if not self.store.core.dead_letter(delivery, reason_of(message, self.broker.actors)):
                 log.warning("dead-lettering message %s on %s refused: it was claimed again",
                             message.message_id, self.queue_name)
         except ConnectionLost as exc:

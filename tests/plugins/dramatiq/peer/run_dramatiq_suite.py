@@ -52,6 +52,15 @@ ON_REDIS_TARGETS = [
     "tests/test_results.py", "tests/test_worker.py",
 ]
 
+
+def version() -> str:
+    return metadata.version("dramatiq")
+
+
+def version_tuple() -> tuple[int, ...]:
+    return tuple(int(part) for part in version().split(".")[:2])
+
+
 _T = "tests/test_redis.py::"
 _STOCK_API = "calls stock RedisBroker's Lua dispatcher (do_enqueue/do_fetch/do_qsize) or "
 EXPECTED: dict[str, str] = {
@@ -109,6 +118,21 @@ EXPECTED_ON_REDIS: dict[str, str] = {
     ),
 }
 
+#: The tests as older sdists ship them, whose failures later sdists changed away.
+if version_tuple() < (2, 2):
+    EXPECTED_ON_REDIS[_A + "test_actors_can_prioritize_work"] = (
+        _STUB_ONLY + "sends 10 low- and 10 high-priority messages to a paused one-thread "
+        "worker, expecting every high one first: StubBroker hands the worker all 20, a Redis "
+        "broker 2 at a time (the worker's prefetch), so priority orders only those 2; "
+        "Dramatiq 2.2's test raises QUEUE_PREFETCH to 20 for this"
+    )
+if version_tuple() < (2, 0):
+    EXPECTED[_T + "test_redis_broker_maintains_backwards_compat_with_old_acks"] = (
+        _STOCK_API + "writes Dramatiq 1.x's old-style <queue>.acks zset and forces its "
+        "maintenance pass to move them into its per-worker ack sets, which belayq replaces "
+        "with leases (the test is gone from 2.0's sdist)"
+    )
+
 #: Expected failures not run with belayq swapped in: they would only wait for their timeout.
 NOT_RUN = {
     _T + "test_redis_dead_lettered_messages_are_cleaned_up": (
@@ -121,10 +145,6 @@ NOT_RUN = {
         "then retries it 20 times with backoffs from 15 s, and join() waits for all of them"
     ),
 }
-
-
-def version() -> str:
-    return metadata.version("dramatiq")
 
 
 def fetch_and_unpack() -> Path:

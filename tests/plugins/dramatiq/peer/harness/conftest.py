@@ -50,13 +50,18 @@ def with_stub_helpers(base):
             self.dead_letters_by_queue = collections.defaultdict(list)
             self._errors = {}
             self.add_middleware(_Nacks(self.dead_letters_by_queue, self._errors))
+            # StubBroker's join fails fast by default from Dramatiq 2.0 on (its
+            # fail_fast_default); 1.x's does not, and its tests are written for that.
+            self.fail_fast_default = dramatiq.__version__.split(".")[0] != "1"
 
         @property
         def dead_letters(self):
             return [m for q in self.dead_letters_by_queue.values() for m in q]
 
-        def join(self, queue_name, *, timeout=None, fail_fast=True):
+        def join(self, queue_name, *, timeout=None, fail_fast=None):
             super().join(queue_name, timeout=timeout)
+            if fail_fast is None:
+                fail_fast = self.fail_fast_default
             for message in self.dead_letters_by_queue[queue_name] if fail_fast else ():
                 error = self._errors.get(id(message))
                 raise (error or Exception("Message failed with unknown error"))
