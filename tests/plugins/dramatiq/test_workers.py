@@ -119,10 +119,13 @@ def test_poison_actor_is_dead_lettered_after_the_configured_runs(
 def test_a_task_outliving_its_lease_runs_once(
     broker: Broker, workers: Workers, conn: redis.Redis
 ) -> None:
-    workers.start(threads=1)
-    workers.start(threads=1)
-    send(broker, "slow", "long", 3.5 * LEASE_MS / 1000)
-    wait_recorded(conn, "done", 1, 30)
+    # 3 s leases here: the worker renews every second, which a loaded box still keeps up
+    # with (1 s leases, renewed every 333 ms, can lapse under the CI's load: at least once)
+    lease_ms = 3 * LEASE_MS
+    workers.start(threads=1, dq_lease_ms=str(lease_ms))
+    workers.start(threads=1, dq_lease_ms=str(lease_ms))
+    send(broker, "slow", "long", 3.5 * lease_ms / 1000)
+    wait_recorded(conn, "done", 1, 40)
     assert len(entries(conn, "started")) == 1
     stats = broker.store("default").core.stats()
     assert stats.get("reclaimed", 0) == 0 and stats["acked"] == 1
