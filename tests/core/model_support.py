@@ -892,6 +892,19 @@ class ClientModel:
 
     held: dict[str, str] = field(default_factory=dict)
     starting: set[str] = field(default_factory=set)
+    #: The start reports sent without waiting, whose replies the object reads later (at its
+    #: next report or beat): (id, token, held) per claim reported.
+    reports: list[list[tuple[str, str, bool]]] = field(default_factory=list)
+
+    def collect(self) -> None:
+        """The object reads its start reports' replies: it forgets the claims they found
+        no longer held (collect_starts)."""
+        reports, self.reports = self.reports, []
+        for report in reports:
+            for mid, token, ok in report:
+                if not ok and self.held.get(mid) == token:
+                    del self.held[mid]
+                    self.starting.discard(mid)
 
     def take(self, ds: Iterable[Any]) -> None:
         for d in ds:

@@ -554,12 +554,16 @@ class QueueMachine(RuleBasedStateMachine):
             expected = None
         else:  # extend, or start_now: an extend that reports starts, not counting refusals
             if s.op == "start_now":
+                cl.collect()  # the replies of the earlier reports, read before it sends
                 cl.starting |= {d.id for d in ds if d.id in cl.held}
             triples = [(d.id, d.token, d.id in cl.starting) for d in ds]
             got = q.extend(ds) if s.op == "extend" else q.start(ds, now=True)
             cl.starting -= {d.id for d in ds}
             reply = m.extend(triples, count_stale=s.op == "extend")
             expected = reply if s.op == "extend" else None
+            if s.op == "start_now":  # its reply is read at the next report or beat
+                cl.reports.append([(d.id, d.token, bool(ok))
+                                   for d, ok in zip(ds, reply, strict=True)])
         assert got == expected, (s, got, expected)
         return got
 
@@ -770,6 +774,7 @@ class QueueMachine(RuleBasedStateMachine):
         counting refusals), forget the refused ones, then sweep."""
         self.begin()
         q, cl = self.qs[consumer], self.clients[consumer]
+        cl.collect()  # the beat reads the start reports' replies first
         held = list(cl.held.items())
         triples = [(mid, token, mid in cl.starting) for mid, token in held]
         q.heartbeat()

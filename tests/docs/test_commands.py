@@ -35,7 +35,8 @@ RULES = [
          r"--url "
          r"(\.\.\.|redis://)[^\[|]*$", run="cli"),
     Rule(r"^(uv run )?(python -m )?belayq( --help)?$", run="help"),
-    Rule(r"^belayq (\w+ )?--(url URL|web)\b.*[\[(]", by=("tests/core/test_cli_help.py", '"--help"')),
+    Rule(r"^belayq (\w+ )?--(url URL|web)\b.*[\[(]",
+         by=("tests/core/test_cli_help.py", '"--help"')),
     Rule(r"^belayq upgrade ", by=("tests/core/test_upgrade.py", '"upgrade"')),
     Rule(r"^belayq dashboard ", by=("tests/web/test_dashboard.py", '"dashboard"')),
     Rule(r"^belayq exporter ", by=("tests/core/test_metrics.py", '"exporter"')),

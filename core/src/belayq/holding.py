@@ -176,8 +176,11 @@ class HeldClaims(Observing):
         return delivery.attempts >= self.config.max_deliveries
 
     def _still_held(self, delivery: Delivery) -> bool:
+        """Whether this object still holds the claim (its token: a re-sent claim's reply
+        may hand out another Delivery object of the same claim), as :meth:`_forget` asks."""
         with self._lock:
-            return self._held.get(delivery.id) is delivery
+            held = self._held.get(delivery.id)
+        return held is delivery or (held is not None and held.token == delivery.token)
 
     @property
     def held(self) -> list[Delivery]:

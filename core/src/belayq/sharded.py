@@ -125,7 +125,8 @@ class ShardedQueue(ShardedAdmin):
         hash decides, see :meth:`_record_count`). A record of another layout (a
         framework's own lists) may not."""
         plain = self._owned(self.name).get("ready_key")
-        return old.shards != mine.shards and old.ready_key in (plain, None) and             mine.ready_key in (plain, None)
+        layouts = (old.ready_key, mine.ready_key)
+        return old.shards != mine.shards and all(k in (plain, None) for k in layouts)
 
     def _check_recorded_layout(self, mine: QueueRecord) -> None:
         """Refuse (``ConfigError``) to open a queue recorded with another layout, before

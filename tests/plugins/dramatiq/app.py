@@ -2,7 +2,8 @@
 
 The environment picks the broker: ``DQ_URL`` (the test's Redis), ``DQ_STOCK=1`` for stock
 ``RedisBroker`` (``DQ_STOCK_HEARTBEAT_MS``: its ``heartbeat_timeout``, with maintenance on
-every command), ``DQ_LEASE_MS``, ``DQ_MAX_DELIVERIES`` and ``DQ_SHARDS`` for belayq's;
+every command), ``DQ_LEASE_MS``, ``DQ_MAX_DELIVERIES``, ``DQ_STRICT_RUNS`` and
+``DQ_SHARDS`` for belayq's;
 ``DQ_PROMETHEUS=1`` adds Dramatiq's Prometheus middleware (configured by its own
 ``dramatiq_prom_*`` variables). Every actor records what it did in the test's Redis
 (``t:started``, ``t:done``: ``<key> <pid>``).
@@ -32,6 +33,7 @@ else:
         url=URL,
         lease_ms=int(os.environ.get("DQ_LEASE_MS", "1000")),
         max_deliveries=int(os.environ.get("DQ_MAX_DELIVERIES", "5")),
+        strict_runs=os.environ.get("DQ_STRICT_RUNS") == "1",
         belayq_options={"sweep_interval_ms": 200},
         shards=int(os.environ["DQ_SHARDS"]) if os.environ.get("DQ_SHARDS") else None,
     )

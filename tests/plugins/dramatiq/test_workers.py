@@ -97,23 +97,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.parametrize("strict", [True, False], ids=["strict_runs", "first_run_lazily"])
 def test_poison_actor_is_dead_lettered_after_the_configured_runs(
-    broker: Broker, workers: Workers, conn: redis.Redis
+    broker: Broker, workers: Workers, conn: redis.Redis, strict: bool
 ) -> None:
     send(broker, "poison", "p")
-    for _ in range(2):  # a supervisor restarting the command each time it stops
-        w = workers.start(threads=1, dq_max_deliveries="2")
-        w.proc.wait(30)
-    # the next worker's sweep dead-letters it instead of running it a third time, and the
-    # queue works on
-    workers.start(threads=1, dq_max_deliveries="2")
     core = broker.store("default").core
-    dead = wait_for(core.dead_letters, 30, lambda: core.stats())
+    for _ in range(4):  # a supervisor restarting the command each time it stops
+        w = workers.start(threads=1, dq_max_deliveries="2", dq_strict_runs="1" if strict else "")
+        # it dies running the message, or its sweep dead-letters it and it goes on
+        wait_for(lambda w=w: w.proc.poll() is not None or core.dead_letters(), 30,
+                 lambda: core.stats())
+        if core.dead_letters():
+            break
+    dead = core.dead_letters()
     assert [d.attempts for d in dead] == [2], dead
     assert "max_deliveries=2" in dead[0].reason, dead[0].reason
-    send(broker, "mark", "after")
+    runs = len(entries(conn, "started"))
+    # strict: every run is counted before it starts; else the first run is counted with the
+    # next lease renewal, and a crash before it goes uncounted: one run more at most
+    assert runs == 2 if strict else runs in (2, 3), runs
+    send(broker, "mark", "after")  # the queue works on
     wait_recorded(conn, "done", 1, 30)
-    assert len(entries(conn, "started")) == 2
 
 
 def test_a_task_outliving_its_lease_runs_once(

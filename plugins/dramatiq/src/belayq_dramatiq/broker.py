@@ -15,6 +15,7 @@ Prometheus...) is untouched.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -27,7 +28,7 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import QueueJoinTimeout
 from dramatiq.middleware import Middleware
 
-from belayq import ConfigError
+from belayq import ConfigError, ConnectionLost
 from belayq.client_info import is_cluster
 from belayq.keys import dramatiq_layout, shard_names
 
@@ -36,6 +37,8 @@ from .failed import FailedRuns
 from .parent import ParentWatch
 from .store import AnyStore, ShardedStore, Store, core_options
 from .tracing import ProcessSpans
+
+log = logging.getLogger("belayq_dramatiq")
 
 #: Stock RedisBroker arguments that configure its maintenance pass, which belayq replaces
 #: with leases and the sweep: accepted, so a drop-in needs no edit, and unused.
@@ -77,6 +80,10 @@ class Broker(dramatiq.Broker):
             producers deployed while only stock workers consume (nothing promotes the
             delayed set until a belayq worker runs). belayq workers move such messages into
             the delayed set as they come. Default False.
+        strict_runs: Report each run to Redis before it starts, so a message whose runs
+            kill their worker is dead-lettered after exactly ``max_deliveries`` runs. By
+            default a message's first run is reported with the lease keeper's next renewal
+            (no call of its own), and such a message may run once more. Default False.
         shards: Lay each queue out in belayq's own keys (``belayq:dramatiq:{<queue>}:...``)
             over this many hash slots (a :class:`~belayq.ShardedQueue`; 1: unsharded), with
             the bodies in the core's payloads: a publish is one round trip, and on a Redis
@@ -104,6 +111,7 @@ class Broker(dramatiq.Broker):
         max_deliveries: int = 5,
         belayq_options: Mapping[str, Any] | None = None,
         stock_delays: bool = False,
+        strict_runs: bool = False,
         shards: int | None = None,
         **parameters: Any,
     ) -> None:
@@ -120,6 +128,7 @@ class Broker(dramatiq.Broker):
         self.client = _client_of(client_or_url, url, client, parameters)
         self.namespace = namespace
         self.stock_delays = stock_delays
+        self.strict_runs = strict_runs
         self.shards = shards
         self.broker_id = str(uuid.uuid4())
         own = sorted({"lease_ms", "max_deliveries"} & set(belayq_options or {}))
@@ -244,6 +253,8 @@ class Broker(dramatiq.Broker):
             if deadline is not None and time.monotonic() >= deadline:
                 raise QueueJoinTimeout(queue_name)  # type: ignore[no-untyped-call]
             time.sleep(interval / 1000)
+        for n in names:  # what this process acked leaves no body behind
+            self.store(n).delete_acked()
 
     def close(self) -> None:
         """Stop keeping leases (claims not settled return after their lease)."""
@@ -251,4 +262,9 @@ class Broker(dramatiq.Broker):
         with self._lock:
             stores = list(self._stores.values())
         for s in stores:
+            try:
+                s.delete_acked()
+            except ConnectionLost as exc:
+                log.warning("could not delete the bodies of messages acked on %s (%s); "
+                            "they stay in its .msgs hash", s.name, exc)
             s.core.close(release=False)

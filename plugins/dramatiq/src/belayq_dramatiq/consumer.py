@@ -110,6 +110,7 @@ class Consumer(dramatiq.Consumer):
                 timeout=max(0.0, deadline - time.monotonic()), count=room
             )
             if not got:
+                self._delete_acked()
                 return None
             try:
                 proxies = self._admit(got)
@@ -118,6 +119,14 @@ class Consumer(dramatiq.Consumer):
                 raise
             with self._room:
                 self._cache.extend(proxies)
+
+    def _delete_acked(self) -> None:
+        """The queue is empty: delete the acked messages' bodies not deleted yet (tried
+        again at the next empty claim when Redis cannot be reached)."""
+        try:
+            self.store.delete_acked()
+        except ConnectionLost as exc:
+            log.info("acked bodies of %s not deleted now (%s)", self.queue_name, exc)
 
     def _give_back(self, deliveries: list[Delivery]) -> None:
         """Hand back claims that could not be made into messages (their bodies could not be
@@ -270,6 +279,7 @@ class StockInlet(dramatiq.Consumer):
             target.publish(message_id, message.encode(), delay_ms=delay_ms,
                            dedup_id=f"stock:{message_id}")
             store.ack(delivery)
+        store.delete_acked()
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Nothing to hand back: no message of a delay queue reaches the worker."""
@@ -278,15 +288,23 @@ class StockInlet(dramatiq.Consumer):
 class StartReports(Middleware):
     """Reports each run to the core as Dramatiq starts it: from then on it counts toward
     ``max_deliveries`` (a message that kills its worker every run is dead-lettered), while
-    prefetched messages never started come back uncounted."""
+    prefetched messages never started come back uncounted.
+
+    A message claimed before (its holder died or froze) is reported before it runs. A first
+    claim's report rides the lease keeper's next renewal (every third of the lease), which
+    costs no call of its own: a run that kills its worker before that renewal is not
+    counted, so a poison message runs at most once more than ``max_deliveries``. With the
+    broker's ``strict_runs`` every report is sent before the run (one more call per
+    message)."""
 
     def before_process_message(self, broker: dramatiq.Broker, message: MessageProxy) -> None:
         delivery = getattr(message, "belayq_delivery", None)
         store = getattr(broker, "store", None)
         if not isinstance(delivery, Delivery) or store is None:
             return
+        now = delivery.deliveries > 1 or bool(getattr(broker, "strict_runs", False))
         try:
-            store(message.queue_name).core.start([delivery], now=True)
+            store(message.queue_name).core.start([delivery], now=now)
         except ConnectionLost as exc:  # the lease keeper's next extend reports it
             log.info("start report of %s not sent now (%s); the lease keeper sends it",
                      message.message_id, exc)

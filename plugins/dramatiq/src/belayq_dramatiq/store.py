@@ -20,6 +20,7 @@ come out as the core's (``ConnectionLost``...), as the core's own calls raise th
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -54,6 +55,10 @@ def core_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Bodies of acked messages deleted together (one ``HDEL`` instead of one per message).
+ACKED_BATCH = 64
+
+
 class Store:
     """The ids (in the core) and bodies (in ``.msgs``) of one Dramatiq queue.
 
@@ -76,6 +81,8 @@ class Store:
         self.name = name
         self.core = ReliableQueue(client, name, claim_starts=False, record=record, **layout,
                                   **options)
+        self._acked: list[bytes] = []
+        self._lock = threading.Lock()
 
     @redis_errors
     def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
@@ -91,13 +98,34 @@ class Store:
             return []
         return list(self.client.hmget(self.messages, [d.payload for d in deliveries]))
 
-    @redis_errors
     def ack(self, delivery: Delivery) -> bool:
-        """Ack a claim; its body goes only when the core accepted the ack."""
+        """Ack a claim; its body goes only when the core accepted the ack, with others
+        (see :meth:`delete_acked`)."""
         if not self.core.ack(delivery):
             return False
-        self.client.hdel(self.messages, delivery.payload)
+        with self._lock:
+            self._acked.append(delivery.payload)
+            due = len(self._acked) >= ACKED_BATCH
+        if due:
+            self.delete_acked()
         return True
+
+    @redis_errors
+    def delete_acked(self) -> None:
+        """Delete the bodies of the messages acked since the last call, in one ``HDEL``:
+        called once :data:`ACKED_BATCH` wait, when the consumer finds the queue empty, and
+        when the broker closes. A body not deleted (Redis unreachable) is tried again the
+        next time; one left by a killed worker stays (see the docs' limits)."""
+        with self._lock:
+            acked, self._acked = self._acked, []
+        if not acked:
+            return
+        try:
+            self.client.hdel(self.messages, *acked)
+        except Exception:
+            with self._lock:
+                self._acked[:0] = acked
+            raise
 
     @redis_errors
     def purge(self) -> int:
@@ -155,6 +183,9 @@ class ShardedStore:
     def ack(self, delivery: Delivery) -> bool:
         """Ack a claim (False: refused, its lease had expired and it was claimed again)."""
         return self.core.ack(delivery)
+
+    def delete_acked(self) -> None:
+        """Nothing to delete: a body goes with its message."""
 
     def purge(self) -> int:
         """Delete the waiting (ready and delayed) messages and the dead letters. Claimed
