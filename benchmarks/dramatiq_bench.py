@@ -7,8 +7,9 @@ Run from the repository root::
 
 What it measures (medians over ``--reps``, stock and belayq alternating in every rep, with
 min-max), reported as belayq/stock ratios (target >= 1.0x), for belayq in stock's keys
-(``belayq``, the default) and in its own (``belayq-own``: ``shards=1``, the bodies in the
-core's payloads):
+(``belayq``, the default; ``belayq-strict``: with ``strict_runs``, a start report sent
+before each run) and in its own (``belayq-own``: ``shards=1``, the bodies in the core's
+payloads):
 
 * ``enqueue``: N x ``actor.send()`` of a no-op actor;
 * ``drain``: a Dramatiq ``Worker`` (``--threads`` worker threads, Dramatiq's default
@@ -42,14 +43,16 @@ from benchmarks.stats import med, spread
 QUEUE = "bench"
 
 
-#: The stacks measured: stock RedisBroker, belayq in stock's keys, belayq in its own.
-KINDS = ("stock", "belayq", "belayq-own")
+#: The stacks measured: stock RedisBroker; belayq in stock's keys, the same with
+#: ``strict_runs``, and belayq in its own keys.
+KINDS = ("stock", "belayq", "belayq-strict", "belayq-own")
 
 
 def make(kind: str, url: str) -> dramatiq.Broker:
     if kind == "stock":
         return RedisBroker(url=url)
-    return belayq_dramatiq.Broker(url=url, shards=1 if kind == "belayq-own" else None)
+    return belayq_dramatiq.Broker(url=url, shards=1 if kind == "belayq-own" else None,
+                                  strict_runs=kind == "belayq-strict")
 
 
 def one(kind: str, url: str, n: int, threads: int) -> dict[str, float]:
