@@ -108,8 +108,8 @@ def test_poison_actor_is_dead_lettered_after_the_configured_runs(
     for _ in range(4):  # a supervisor restarting the command each time it stops
         w = workers.start(threads=1, dq_max_deliveries="2", dq_strict_runs="1" if strict else "")
         # it dies running the message, or its sweep dead-letters it and it goes on
-        wait_for(lambda w=w: w.proc.poll() is not None or core.dead_letters(), 30,
-                 lambda: core.stats())
+        wait_for(lambda w=w: w.proc.poll() is not None or core.dead_letters(), 60,
+                 lambda w=w: f"{core.stats()} {entries(conn, 'started')}\n{w.output()}")
         if core.dead_letters():
             break
     dead = core.dead_letters()
