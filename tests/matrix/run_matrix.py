@@ -111,6 +111,9 @@ def run_env(env: str, full: bool, ci: bool) -> dict[str, object]:
     out = proc.stdout + proc.stderr
     summary = re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s", out, re.M)
     failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", out, re.M)
+    # what a failing env printed about its failures (its tests' assertions and output), so a
+    # run on another machine can be read after its checkout is gone
+    report = re.search(r"^=+ (?:FAILURES|ERRORS) =+$(.*?)^=+ short test summary", out, re.M | re.S)
     versions: dict[str, object] = {}
     venv_python = ROOT / ".tox" / env / "bin" / "python"
     if venv_python.exists():
@@ -122,6 +125,7 @@ def run_env(env: str, full: bool, ci: bool) -> dict[str, object]:
         "result": "pass" if proc.returncode == 0 else "FAIL",
         "summary": summary[-1] if summary else out[-400:],
         "failed": failed,
+        "report": report.group(1)[-6000:] if report and proc.returncode else "",
         "tests": "full suite" if full else " ".join(tests),
         "seconds": round(elapsed),
         **versions,

@@ -34,5 +34,8 @@ def test_oldest_and_newest_framework_versions_pass() -> None:
     assert [r["env"] for r in results] == CI_ENVS, stderr[-3000:]
     failed = {r["env"]: (r.get("summary"), r.get("failed")) for r in results
               if r["result"] != "pass"}
+    for r in results:
+        if r.get("report"):
+            print(f"--- {r['env']}: its failures ---\n{r['report']}")
     assert not failed, failed
     assert code == 0, stdout[-3000:] + stderr[-3000:]
