@@ -38,7 +38,8 @@ from .keys import (
 from .models import text as _text
 from .queue import ReliableQueue
 from .registry import KEPT_FIELDS, QueueRecord, Registry
-from .sharded import AnyQueue, ShardedQueue, recorded_shards
+from .sharded import AnyQueue, ShardedQueue
+from .sharded_layout import recorded_shards
 
 #: The kinds every belayq knows how to lay out without a record.
 KNOWN_KINDS = ("belayq", "kombu", "rq", "dramatiq")

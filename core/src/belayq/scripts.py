@@ -18,12 +18,12 @@ from typing import Any
 from . import client_info
 from .config import QueueConfig
 from .constants import (
-    AOF_ACK_PROBE_MS,
     CLUSTER_RETRY_FIRST_PAUSE_S,
     CLUSTER_RETRY_MAX_PAUSE_S,
 )
+from .durable import Arg as Arg  # the scripts' argument type, named here for the callers
+from .durable import DurableWrites
 from .errors import (
-    CLIENT_ERROR,
     CLUSTER_ERROR,
     CONNECTION_ERROR,
     NO_PERMISSION,
@@ -32,15 +32,10 @@ from .errors import (
     RESPONSE_ERROR,
     ConfigError,
     ConnectionLost,
-    DurabilityError,
-    Errors,
 )
 from .keys import QueueKeys
 from .sent import Sent, pool_connection
 from .sources import SCRIPT_NAMES, key_roles, library, sha, source
-
-Arg = str | bytes | int | float
-
 
 #: What a cluster client meets while a master fails over: its node refuses connections
 #: (killed) or stops answering, until a replica takes its slots over. redis-py retries a
@@ -48,9 +43,6 @@ Arg = str | bytes | int | float
 #: that may have run is safe to send again: publishes and claims answer a re-sent request
 #: id from their reply memo, settles are fenced by the claim's token.
 _FAILING_OVER = (*CONNECTION_ERROR, *CLUSTER_ERROR)  # CLUSTER_ERROR: SlotNotCoveredError...
-
-#: What reading the primary's replication state may raise (the hint is left out then).
-_HINT_FAILED: Errors = (*CLIENT_ERROR, ValueError, TypeError)
 
 
 def _lost_scripts(reply: Any) -> bool:
@@ -73,7 +65,7 @@ def refresh_slots(client: Any) -> None:
         pass
 
 
-class ScriptRunner:
+class ScriptRunner(DurableWrites):
     """Runs belayq's scripts for one queue on one client.
 
     Args:
@@ -229,105 +221,6 @@ class ScriptRunner:
                 self._check_durable(confirmed)
             return reply
         raise AssertionError("unreachable")
-
-    def _send_durable(self, command: list[Arg]) -> tuple[Any, Any]:
-        assert self.wait_command is not None
-        pipe = self._node_client().pipeline(transaction=False)
-        pipe.execute_command(*command)
-        if self._ack_probe is not None:
-            pipe.execute_command(*self._ack_probe)
-        pipe.execute_command(*self.wait_command)
-        replies = pipe.execute(raise_on_error=False)
-        return replies[0], replies[-1]
-
-    def wait_for_replicas(self, versions: list[str]) -> None:
-        """Make durable calls wait: for ``wait_replicas`` replicas and the primary's AOF
-        fsync (WAITAOF) when ``wait_aof`` asks or, unset, when every server runs 7.2+ with
-        appendonly on and ``appendfsync always`` (with ``everysec`` a replica confirms its
-        fsync about once a second: each call would wait that long); else for the replicas
-        alone (WAIT).
-
-        Raises:
-            ConfigError: ``wait_aof=True`` on a server without WAITAOF (Redis before 7.2,
-                fakeredis) or without appendonly: no write could ever be confirmed.
-        """
-        c = self.config
-        has_waitaof = bool(versions) and all(
-            client_info.version_tuple(v) >= (7, 2) for v in versions
-        )
-        aof = c.wait_aof
-        if aof is None:
-            aof = (
-                has_waitaof
-                and client_info.aof_enabled(self.client)
-                and client_info.aof_fsync_always(self.client)
-            )
-        elif aof and not has_waitaof:
-            raise ConfigError(
-                "wait_aof=True needs the WAITAOF command (Redis 7.2+ or Valkey); the server "
-                f"runs {', '.join(versions) if versions else 'a version that does not say'}. "
-                "Upgrade it, or leave wait_aof unset: wait_replicas then waits for the "
-                "replicas' memory (WAIT), not for any disk"
-            )
-        elif aof and not client_info.aof_enabled(self.client):
-            raise ConfigError(
-                "wait_aof=True needs appendonly yes on the server (WAITAOF confirms fsyncs "
-                "of the append-only file, which it does not write now): turn it on "
-                "(appendonly yes in its configuration, or CONFIG SET appendonly yes), or "
-                "leave wait_aof unset"
-            )
-        if aof:
-            self.wait_command = ("WAITAOF", 1, c.wait_replicas, c.wait_timeout_ms)
-            if c.wait_replicas:
-                probe_ms = min(c.wait_timeout_ms, AOF_ACK_PROBE_MS)
-                self._ack_probe = ("WAIT", c.wait_replicas, probe_ms)
-        else:
-            self.wait_command = ("WAIT", c.wait_replicas, c.wait_timeout_ms)
-
-    def _check_durable(self, confirmed: Any) -> None:
-        wanted = self.config.wait_replicas
-        within = f"within {self.config.wait_timeout_ms} ms"
-        if isinstance(confirmed, Exception):
-            raise DurabilityError(f"could not wait for the write to be confirmed: {confirmed}")
-        if isinstance(confirmed, list):  # WAITAOF: [local fsyncs, replica fsyncs]
-            local, replicas = int(confirmed[0]), int(confirmed[1])
-            if local < 1:
-                raise DurabilityError(
-                    "the write is in the primary's memory, but its append-only file did not "
-                    f"reach the disk {within}: a crash of the primary now could lose it"
-                )
-            if replicas < wanted:
-                hint = self._replicas_hint(wanted) or (
-                    " (a replica confirms only with appendonly yes)"
-                )
-                raise DurabilityError(
-                    f"the write is on the primary's disk, but only {replicas} of {wanted} "
-                    f"replica(s) confirmed it on theirs {within}: a failover now could lose "
-                    f"it{hint}"
-                )
-            return
-        if int(confirmed) < wanted:
-            raise DurabilityError(
-                f"the write is on the primary, but only {int(confirmed)} of {wanted} "
-                f"replica(s) confirmed it {within}: a failover now could lose "
-                f"it{self._replicas_hint(wanted)}"
-            )
-
-    def _replicas_hint(self, wanted: int) -> str:
-        """Why the replicas did not confirm, when the primary says it has too few (a
-        replica promoted by a failover has none until one rejoins); "" if it cannot say."""
-        try:
-            info = self._node_client().info("replication")
-            connected = int(info.get("connected_slaves", -1))
-        except _HINT_FAILED:
-            return ""
-        if 0 <= connected < wanted:
-            return (
-                f" (the primary has {connected} replica(s) connected: after a failover, "
-                "until a replica rejoins it, every durable write raises this; the writes "
-                "are applied all the same)"
-            )
-        return ""
 
     def _node_client(self) -> Any:
         if not self.cluster:

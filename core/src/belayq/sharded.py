@@ -28,7 +28,6 @@ nobody reads.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -37,18 +36,18 @@ from collections.abc import Iterable, Sequence
 from typing import Any, TypeVar
 
 from .claim_any import claim_any
-from .errors import NO_PERMISSION, ConfigError
+from .errors import ConfigError
 from .errors import redis_errors as _redis_errors
-from .keys import SHARDS_FIELD, QueueKeys, owned_ready_key, shard_names
+from .keys import shard_names
 from .models import Delivery, Published, SweepResult
 from .queue import ReliableQueue
-from .registry import QueueRecord, Registry, check_kind, check_layout, record_or_warn
-from .sharded_admin import ShardedAdmin
+from .registry import check_kind
+from .sharded_layout import ShardedLayout
 
 T = TypeVar("T")
 
 
-class ShardedQueue(ShardedAdmin):
+class ShardedQueue(ShardedLayout):
     """One logical queue over ``shards`` belayq queues on distinct cluster slots.
 
     It offers :class:`ReliableQueue`'s producing, consuming, settling and inspection calls;
@@ -112,73 +111,6 @@ class ShardedQueue(ShardedAdmin):
         # shard each time: a counter copied into forked consumers (Celery's prefork pool)
         # would have them all try the same shard at the same moment.
         self._publish_turn = itertools.count(random.randrange(shards))
-
-    def _owned(self, name: str) -> dict[str, Any]:
-        """The ReliableQueue arguments that place queue ``name`` where this kind's queues
-        owned by belayq sit (none for kind ``belayq``)."""
-        ready = owned_ready_key(self.kind, name, self._prefix)
-        return {} if ready is None else {"ready_key": ready}
-
-    def _replaces(self, old: QueueRecord, mine: QueueRecord) -> bool:
-        """Whether ``mine`` may replace record ``old``: the plain queue of this name and
-        kind, sharded now, or the other way round (the shard count recorded in its stats
-        hash decides, see :meth:`_record_count`). A record of another layout (a
-        framework's own lists) may not."""
-        plain = self._owned(self.name).get("ready_key")
-        layouts = (old.ready_key, mine.ready_key)
-        return old.shards != mine.shards and all(k in (plain, None) for k in layouts)
-
-    def _check_recorded_layout(self, mine: QueueRecord) -> None:
-        """Refuse (``ConfigError``) to open a queue recorded with another layout, before
-        anything is written."""
-        with contextlib.suppress(*NO_PERMISSION):  # an unreadable registry: warned later
-            old = Registry(self.client, self.config.prefix).get(self.kind, self.name)
-            if old is not None and not self._replaces(old, mine):
-                check_layout(old, mine)
-
-    def _record_in_registry(self, mine: QueueRecord) -> QueueRecord:
-        """Record the logical queue; a drained plain queue sharded now is recorded anew
-        (see :meth:`_replaces`)."""
-        registry = Registry(self.client, self.config.prefix)
-        with contextlib.suppress(*NO_PERMISSION):  # warned below
-            old = registry.get(self.kind, self.name)
-            if old is not None and self._replaces(old, mine):
-                registry.forget(self.kind, self.name)
-        return record_or_warn(registry, mine)
-
-    def count_key(self) -> str:
-        """The hash that records the shard count: the stats hash of the plain queue of
-        this name and kind (``belayq:{<name>}:stats``)."""
-        return QueueKeys.build(self.name, prefix=self.config.prefix,
-                               **self._owned(self.name)).stats
-
-    @_redis_errors
-    def _record_count(self, shards: int) -> None:
-        owned = self._owned(self.name)
-        base = self.count_key()
-        schema, recorded = self.client.hmget(base, ["schema", SHARDS_FIELD])
-        if recorded is None:
-            if schema is not None:
-                plain = ReliableQueue(
-                    self.client, self.name, keeper=False, prefix=self.config.prefix,
-                    kind=self.kind, record=False, **owned,
-                )
-                s = plain.stats()
-                held = sum(s[k] for k in ("ready", "in_flight", "landing", "delayed", "dead"))
-                if held:
-                    raise ConfigError(
-                        f"queue {self.name!r} holds {held} message(s) as an unsharded queue; "
-                        "drain it (consumers with shards=1, or none) before sharding it"
-                    )
-            self.client.hsetnx(base, SHARDS_FIELD, shards)
-            recorded = self.client.hget(base, SHARDS_FIELD)
-        if int(recorded) != shards:
-            raise ConfigError(
-                f"queue {self.name!r} is sharded over {int(recorded)} shards (recorded in "
-                f"{base!r}), not {shards}: open it with shards={int(recorded)}. To change the "
-                "count, stop its producers, let its consumers drain it, drop it (`belayq "
-                "drop`), then open it with the new count"
-            )
 
     # -- routing ------------------------------------------------------------------------
 
@@ -402,12 +334,6 @@ class ShardedQueue(ShardedAdmin):
 
     def __repr__(self) -> str:
         return f"<ShardedQueue {self.name!r} shards={len(self.shards)}>"
-
-
-def recorded_shards(client: Any, name: str, prefix: str = "belayq") -> int:
-    """The shard count recorded for queue ``name`` (1 when none is: a plain queue, or none)."""
-    recorded = client.hget(QueueKeys.build(name, prefix=prefix).stats, SHARDS_FIELD)
-    return 1 if recorded is None else int(recorded)
 
 
 AnyQueue = ReliableQueue | ShardedQueue
