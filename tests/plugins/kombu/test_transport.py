@@ -102,6 +102,7 @@ def test_url_scheme_is_registered_and_class_path_works(url: str, port: int, kq: 
         ({"master_name": "mymaster"}, "'master_name' is for Redis Sentinel: use a belayq"),
         ({"sentinel_fanout_compat": True}, "upgrade the stock workers to kombu >= 5.4 first"),
         ({"wait_replicas": -1}, "'wait_replicas' must be an int >= 0"),
+        ({"wait_aof": "yes"}, "'wait_aof' must be None, True or False"),
         ({"reauth_check_interval": 10}, "remove reauth_check_interval"),
         ({"priority_steps": [0, 5, 3]}, "priority_steps must be strictly increasing"),
         ({"visibility_timeout": 1, "lease_heartbeat_interval": 2}, "must be shorter than lease_ms"),

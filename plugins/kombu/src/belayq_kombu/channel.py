@@ -79,6 +79,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     revokes_max = options.BELAYQ_OPTIONS["revokes_max"][0]
     wait_replicas = options.BELAYQ_OPTIONS["wait_replicas"][0]
     wait_timeout = options.BELAYQ_OPTIONS["wait_timeout"][0]
+    wait_aof = options.BELAYQ_OPTIONS["wait_aof"][0]
     supports_batch_publish = False
     brpop_timeout: float = options.POLL_TIMEOUT_S
     _in_listen: Any = False
@@ -157,7 +158,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
         :meth:`publisher`)."""
         rq = self.connection.queues.get(name)
         if rq is None:
-            rq = self._new_queue_object(name, wait_replicas=0)
+            rq = self._new_queue_object(name, wait_replicas=0, wait_aof=False)
             self.connection.forget_idle_queues()
             self.connection.queues[name] = rq
         assert isinstance(rq, ReliableQueue)
@@ -165,16 +166,17 @@ class Channel(stock.Channel):  # type: ignore[misc]
 
     def publisher(self, name: str) -> ReliableQueue:
         """The belayq queue ``name`` for publishing: with ``wait_replicas``, a publish returns
-        once that many replicas have the message (else ``DurabilityError``). Only publishes
-        wait: a failover that loses an unreplicated ack or requeue brings a message back
+        once that many replicas have the message, and with ``wait_aof`` once it is in the
+        append-only file on disk (else ``DurabilityError``). Only publishes wait: a failover
+        or crash that loses an unreplicated ack or requeue brings a message back
         (at-least-once), while one that loses a publish would lose the message; and a worker
         must not stop on a settle whose replicas are late."""
-        if not self.wait_replicas:
+        if not self.wait_replicas and self.wait_aof is not True:
             return self.queue(name)
         rq = self.connection.publishers.get(name)
         if rq is None:
             rq = self._new_queue_object(name, wait_replicas=int(self.wait_replicas),
-                                        keeper=False)
+                                        wait_aof=self.wait_aof, keeper=False)
             if len(self.connection.publishers) >= self.connection.max_cached_queues:
                 self.connection.publishers.clear()
             self.connection.publishers[name] = rq

@@ -44,6 +44,10 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
                       "(Redis WAIT; 0 = asynchronous replication, a failover may lose the "
                       "last writes)"),
     "wait_timeout": (1.0, "longest wait for those replicas (s)"),
+    "wait_aof": (None, "also wait until each publish is in the append-only file on disk "
+                 "(WAITAOF: Redis 7.2+ or Valkey, appendonly yes): on the primary, and on "
+                 "wait_replicas replicas; None = when wait_replicas is set and the servers "
+                 "fsync always, True = always (refused where the server cannot)"),
 }
 
 #: The stock ``sentinel://`` options, read by ``belayq+sentinel://`` only.
@@ -184,6 +188,11 @@ def check(options: Mapping[str, Any], *, kind: str = "single") -> None:
             raise ValueError(
                 f"belayq:// transport option {name!r} must be True or False, got {options[name]!r}"
             )
+    if options.get("wait_aof") not in (None, True, False):
+        raise ValueError(
+            f"belayq:// transport option 'wait_aof' must be None, True or False, got "
+            f"{options['wait_aof']!r}"
+        )
     for name in ("global_keyprefix", "sep"):
         if name in options and not isinstance(options[name], str):
             raise ValueError(
@@ -234,6 +243,7 @@ def core_options(source: Any) -> dict[str, Any]:
         "claim_starts": False,
         "wait_replicas": int(source.wait_replicas),
         "wait_timeout_ms": _ms(source.wait_timeout),
+        "wait_aof": source.wait_aof,
         # The registry of these queues sits under the transport's key prefix, as its lists.
         "prefix": _registry_prefix(getattr(source, "global_keyprefix", "")),
     }
