@@ -1,8 +1,9 @@
 """A full server (``maxmemory`` reached, ``noeviction``): the calls that free memory or keep
 a claim alive run (ack, nack, extend, release, defer, sweep, purge, drop, claims), stats
-runs, and publish and replay are refused whole with OutOfMemory, storing nothing. On Redis
-7.0 (functions and scripts), 6.2 (scripts) and Valkey 9.1 (functions and scripts), each a
-server of this module's own (it changes ``maxmemory``)."""
+runs, and publish (with an adapter's write sent along, ``before``) and replay are refused
+whole with OutOfMemory, storing nothing. On Redis 7.0 (functions and scripts), 6.2
+(scripts) and Valkey 9.1 (functions and scripts), each a server of this module's own (it
+changes ``maxmemory``)."""
 
 from __future__ import annotations
 
@@ -90,6 +91,9 @@ def test_a_full_server_settles_claims_and_refuses_publish_whole(q: ReliableQueue
             q.publish_many([b"x", b"y"])
         with pytest.raises(OutOfMemory):
             q.replay_dead()
+        with pytest.raises(OutOfMemory):  # an adapter's write with it: neither is applied
+            q.publish_result("id", before=("HSET", f"{q.name}-bodies", "id", b"body"))
+        assert q.client.exists(f"{q.name}-bodies") == 0
         assert snapshot(q) == before
         assert q.ack(d3) is True
         assert q.purge() == 2

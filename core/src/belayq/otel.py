@@ -119,11 +119,11 @@ class _Tracing:
 
     def publish_groups(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def wrapper(queue: Any, groups: Any) -> Any:
+        def wrapper(queue: Any, groups: Any, *rest: Any) -> Any:
             inline = queue.config.payload_in_list
             finish = self._store(queue, [published_id(g, inline) for g in groups])
             try:
-                return original(queue, groups)
+                return original(queue, groups, *rest)
             finally:
                 finish()
 

@@ -7,7 +7,7 @@ import bisect
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from .config import QueueConfig
 from .config import check_count as _check_count
@@ -73,15 +73,21 @@ class Publishing:
             raise ConfigError("a transient queue keeps no dedup memo: dedup_id is refused")
         return [message_id(), payload, self.level_of(priority), delay_ms, dedup_id or ""]
 
-    def _publish_groups(self, groups: list[list[Arg]]) -> list[Published]:
+    def _publish_groups(
+        self, groups: list[list[Arg]], before: Sequence[Arg] | None = None
+    ) -> list[Published]:
         args = [a for g in groups for a in g]
-        reply = self._scripts.run(
-            "publish",
-            self.config.dedup_window_ms,
-            *args,
-            request_id=str(groups[0][0]),
-            durable=self.config.durable,
-        )
+        scripts, rid = self._scripts, str(groups[0][0])
+        if before and not (self.config.durable or scripts.cluster):
+            reply = scripts.run_after(before, "publish", self.config.dedup_window_ms, *args,
+                                      request_id=rid)
+        else:
+            if before:
+                scripts.client.execute_command(*before)
+            reply = scripts.run(
+                "publish", self.config.dedup_window_ms, *args, request_id=rid,
+                durable=self.config.durable,
+            )
         return [
             Published(_text(reply[i]), bool(int(reply[i + 1])), _text(reply[i + 2]))
             for i in range(0, len(reply), 3)
@@ -95,14 +101,35 @@ class Publishing:
         priority: int = 0,
         delay_ms: int = 0,
         dedup_id: str | None = None,
+        before: Sequence[Arg] | None = None,
     ) -> Published:
         """Store a message, and say whether it was stored (see :meth:`publish`).
+
+        Args:
+            before: A Redis command to run first, in the same round trip and transaction
+                (MULTI/EXEC): an adapter's write of what the message refers to, such as
+                its body under the id it publishes. A server that refuses either as it
+                is queued (OOM, the ACL) applies neither; a command that fails as it runs
+                (a key of another type) raises its error, the message published. With
+                ``wait_replicas`` or ``wait_aof``, or on a cluster client, it is sent on
+                its own, first.
 
         Returns:
             :class:`~belayq.models.Published`: the id, ``stored`` (False when ``dedup_id``
             suppressed it) and, if so, where the first message is now.
         """
-        return self._publish_groups([self._publish_args(payload, priority, delay_ms, dedup_id)])[0]
+        published = self._publish_args(payload, priority, delay_ms, dedup_id)
+        if before is not None and (
+            isinstance(before, (str, bytes))
+            or not isinstance(before, Sequence)
+            or not before
+            or not all(isinstance(a, (str, bytes, int, float)) for a in before)
+        ):
+            raise ConfigError(
+                "before must be a Redis command: a non-empty sequence of str, bytes and "
+                f"numbers, got {before!r}"
+            )
+        return self._publish_groups([published], before)[0]
 
     def publish(
         self,

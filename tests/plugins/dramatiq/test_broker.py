@@ -18,7 +18,7 @@ from dramatiq.middleware import TimeLimitExceeded
 from dramatiq.results import Results
 from dramatiq.results.backends import RedisBackend
 
-from belayq import ConfigError, ConnectionLost
+from belayq import ConfigError, ConnectionLost, ReliableQueue
 from belayq.kinds import tools_for
 from belayq.registry import Registry
 from belayq_dramatiq import Broker
@@ -211,3 +211,33 @@ def test_options_are_checked_when_the_broker_is_built() -> None:
     # stock RedisBroker's maintenance settings are accepted, so the swap needs no edit
     Broker(url="redis://127.0.0.1:1/0", maintenance_chance=1000, heartbeat_timeout=60000,
            dead_message_ttl=1000).close()
+
+
+def test_an_enqueue_is_one_round_trip_with_its_body(
+    broker: Broker, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In stock's keys the body and the id go in one transaction; in belayq's own keys the
+    body is the message: one script either way."""
+    @dramatiq.actor
+    def noop(n: int) -> None:
+        pass
+
+    noop.send(0)  # the queue, the scripts: loaded
+    sends: list[Any] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sends.append(command)
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    message = noop.send(1)
+    monkeypatch.undo()
+    assert len(sends) == 1, sends
+    core = broker.store("default").core
+    assert core.stats()["ready"] == 2
+    body = conn.hget(f"dramatiq:{message.queue_name}.msgs", message.options["redis_message_id"])
+    if isinstance(core, ReliableQueue):  # stock's keys: the body in the queue's hash
+        assert body == message.encode()
+    else:
+        assert body is None

@@ -87,9 +87,10 @@ class Store:
     @redis_errors
     def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
                 dedup_id: str | None = None) -> None:
-        """Store a body, then publish its id (ready, or delayed ``delay_ms`` in Redis)."""
-        self.client.hset(self.messages, message_id, body)
-        self.core.publish(message_id, delay_ms=delay_ms, dedup_id=dedup_id)
+        """Store a body, then publish its id (ready, or delayed ``delay_ms`` in Redis), in
+        one round trip (on a cluster, or when writes wait for replicas, in two)."""
+        self.core.publish_result(message_id, delay_ms=delay_ms, dedup_id=dedup_id,
+                                 before=("HSET", self.messages, message_id, body))
 
     @redis_errors
     def bodies(self, deliveries: Sequence[Delivery]) -> list[bytes | None]:
