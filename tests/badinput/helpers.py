@@ -74,12 +74,11 @@ class CeleryWorker:
     def stop(self, timeout: float = 20) -> None:
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):  # what is left of its group
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
 
 
 def celery_app(env: dict[str, str]) -> Any:

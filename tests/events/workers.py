@@ -62,7 +62,7 @@ class Proc:
             for pid in [*self.children(), *pids]:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # the group, its leader gone or not
+            os.killpg(self.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)

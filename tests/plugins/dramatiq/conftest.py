@@ -91,9 +91,11 @@ class Workers:
         return w
 
     def kill_all(self) -> None:
+        """kill -9 every worker's whole process group, whether or not its command still
+        runs: a worker process left behind (its command killed or stopped first) would go
+        on taking the next test's messages from the same server."""
         for w in self.all:
-            if w.proc.poll() is None:
-                w.kill()
+            w.kill()
 
 
 @pytest.fixture

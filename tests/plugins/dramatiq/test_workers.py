@@ -169,23 +169,32 @@ def test_eta_waits_in_redis_across_a_worker_restart(
 def test_a_frozen_workers_late_ack_is_refused(
     broker: Broker, workers: Workers, conn: redis.Redis
 ) -> None:
-    workers.start(threads=1)
+    # 3 s leases, renewed every second: only the frozen one lapses on a loaded box
+    lease = str(3 * LEASE_MS)
+    a = workers.start(threads=1, dq_lease_ms=lease)
     # first run 2 s, the second 4 s: the frozen first run acks while the second holds it
     send(broker, "slow", "f", 2.0, 4.0)
     [(_, frozen)] = wait_recorded(conn, "started", 1, 30)
     os.kill(frozen, signal.SIGSTOP)
     try:
-        workers.start(threads=1)
+        b = workers.start(threads=1, dq_lease_ms=lease)
         started = wait_recorded(conn, "started", 2, 30)
         assert started[1][1] != frozen
     finally:
         os.kill(frozen, signal.SIGCONT)
     core = broker.store("default").core
-    wait_for(lambda: core.stats().get("stale_acks"), 30, core.stats)
-    wait_recorded(conn, "done", 2, 30)
-    wait_for(lambda: core.stats().get("acked") == 1, 10, core.stats)
+
+    def state() -> str:
+        return (f"{core.stats()} started={entries(conn, 'started')} "
+                f"done={entries(conn, 'done')}\n--- frozen ---\n{a.output()}\n"
+                f"--- second ---\n{b.output()}")
+
+    wait_for(lambda: core.stats().get("stale_acks"), 30, state)
+    wait_for(lambda: len(entries(conn, "done")) >= 2, 30, state)
+    wait_for(lambda: core.stats().get("acked") == 1, 10, state)
     stats = core.stats()
-    assert stats["stale_acks"] == 1 and stats["in_flight"] == 0 and stats["ready"] == 0
+    assert stats["stale_acks"] == 1 and stats["in_flight"] == 0 and stats["ready"] == 0, state()
+    assert len(entries(conn, "started")) == 2, state()
     # the accepted ack's body goes (in a batch, at the latest when its worker finds the
     # queue empty); the refused one deleted nothing the second claim needed
     wait_for(lambda: not conn.hlen("dramatiq:default.msgs"), 15,

@@ -75,11 +75,12 @@ class Workers:
         return proc
 
     def stop_all(self) -> None:
+        # every group, the worker's own gone or not: what is left of it would take the next
+        # test's jobs from the same server (horses run in groups of their own)
         for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)  # the worker (horses: own groups)
-                p.wait(10)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
 
     def logs(self) -> str:
         return "\n".join(

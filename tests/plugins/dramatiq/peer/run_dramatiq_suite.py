@@ -118,6 +118,17 @@ EXPECTED_ON_REDIS: dict[str, str] = {
     ),
 }
 
+#: Tests written for StubBroker that race a Redis broker's consumer thread: they pass or
+#: fail with the machine's load, and a failure is reported as expected.
+RACES_ON_REDIS: dict[str, str] = {
+    "tests/test_worker.py::test_workers_process_messages_in_order": (
+        "counts the messages in the worker's in-memory work queue right after sending 5, "
+        "before a Redis broker's consumer thread may have fetched them all: stock "
+        "RedisBroker fails it every time (it polls with a backoff); belayq's blocking claim "
+        "has them all in time on an idle machine, not always on a loaded one"
+    ),
+}
+
 #: The tests as older sdists ship them, whose failures later sdists changed away.
 if version_tuple() < (2, 2):
     EXPECTED_ON_REDIS[_A + "test_actors_can_prioritize_work"] = (
@@ -259,7 +270,7 @@ def report(stock: bool, on_redis: bool, seconds: float) -> int:
           f"{counts['failed']} failed, {counts['skipped']} skipped in {seconds:.0f} s")
     unexpected = []
     not_run = [] if stock or on_redis else list(NOT_RUN)
-    expected = EXPECTED_ON_REDIS if on_redis else {**EXPECTED, **(
+    expected = {**EXPECTED_ON_REDIS, **RACES_ON_REDIS} if on_redis else {**EXPECTED, **(
         EXPECTED_SHARDED if SHARDS else {})}
     for nodeid in not_run:
         print(f"  NOT RUN {nodeid}\n      expected to fail: {NOT_RUN[nodeid]}")
