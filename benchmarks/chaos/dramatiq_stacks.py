@@ -1,8 +1,10 @@
 """The Dramatiq stacks: ``dramatiq-belayq`` (``belayq_dramatiq.Broker``),
 ``dramatiq-belayq-shards`` (the same with ``shards=3``) and ``dramatiq-stock``
-(``RedisBroker``). Workers are real ``dramatiq`` commands, one worker
-process each with ``concurrency`` threads; a worker process killed takes its command down
-(as Dramatiq's CLI does), and the harness starts a new one, as a supervisor would."""
+(``RedisBroker``), on one server, a Sentinel group (a Sentinel-managed client) or a
+cluster (a ``RedisCluster``; not stock's, whose scripts Redis Cluster refuses). Workers
+are real ``dramatiq`` commands, one worker process each with ``concurrency`` threads; a
+worker process killed takes its command down (as Dramatiq's CLI does), and the harness
+starts a new one, as a supervisor would."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ class DramatiqStack(Stack):
 
     @classmethod
     def unsupported(cls, cfg: StackConfig) -> str | None:
-        if cfg.broker.kind != "single":
-            return "the harness runs Dramatiq on one redis-server only (no Sentinel or Cluster)"
+        if cfg.broker.kind == "cluster" and cls.kind == "stock":
+            return ("stock RedisBroker's Lua scripts build their keys inside the script, "
+                    "which Redis Cluster refuses")
         if cfg.wait_replicas and cls.kind == "stock":
             return "--wait-replicas is a belayq option (stock RedisBroker has none)"
         return None
@@ -31,11 +34,18 @@ class DramatiqStack(Stack):
         super().__init__(cfg)
         from .dramatiq_app import make_broker
 
-        self.broker = make_broker(self.kind, self.broker_url)
+        # the producer's client is named as the harness's (client-kill spares it), as
+        # Celery's is; on one server the broker takes the URL, as before
+        client = None if cfg.broker.kind == "single" else self.admin_client(
+            "producer", socket_timeout=5)
+        self.broker = make_broker(self.kind, self.broker_url, client)
         self.broker.declare_queue(cfg.queue)
 
     def env(self) -> dict[str, str]:
-        return {**super().env(), "CHAOS_BROKER": self.broker_url, "CHAOS_DRAMATIQ": self.kind}
+        from .dramatiq_app import spec_env
+
+        return {**super().env(), "CHAOS_BROKER": self.broker_url, "CHAOS_DRAMATIQ": self.kind,
+                "CHAOS_BROKER_SPEC": spec_env(self.cfg.broker)}
 
     def worker_cmd(self, name: str) -> list[str]:
         return [sys.executable, "-m", "dramatiq", "benchmarks.chaos.dramatiq_app",

@@ -42,6 +42,11 @@ def test_which_stacks_run_where() -> None:
     assert "connection_pool" in str(unsupported("rq-stock", "cluster"))
     assert "belayq option" in str(unsupported("rq-stock", "sentinel", wait_replicas=1))
     assert "belayq option" in str(unsupported("celery-stock", "single", wait_replicas=1))
+    assert unsupported("dramatiq-belayq", "sentinel", wait_replicas=1) is None
+    assert unsupported("dramatiq-belayq-shards", "cluster", wait_replicas=1) is None
+    assert unsupported("dramatiq-stock", "sentinel") is None
+    assert "Redis Cluster refuses" in str(unsupported("dramatiq-stock", "cluster"))
+    assert "belayq option" in str(unsupported("dramatiq-stock", "sentinel", wait_replicas=1))
 
 
 def _failover(t: float, t_end: float, old: int, new: int) -> Fault:
