@@ -19,6 +19,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -212,6 +213,12 @@ def test_dedup_ids_hash_to_one_shard_so_dedup_still_holds(
 # -- blocking without polling ----------------------------------------------------------------
 
 
+def stack_of(t: threading.Thread) -> str:
+    """Where thread ``t`` is now (for a wait that failed)."""
+    frame = sys._current_frames().get(t.ident or 0)
+    return "".join(traceback.format_stack(frame)) if frame is not None else "(ended)"
+
+
 def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
     cluster_servers: RedisClusterServers, name: str, opened: list[ShardedQueue],
     sent: Counter[threading.Thread],
@@ -235,14 +242,23 @@ def test_a_blocked_consumer_wakes_for_any_shard_and_is_quiet_while_it_waits(
                     and "b" in x.get("flags", "") and x.get("cmd") == "blmove")
                 for c in nodes]  # fmt: skip
 
+    def claim(out: list[Any]) -> None:
+        try:
+            out.append(q.claim(timeout=20))
+        except BaseException as exc:  # shown by the wait below
+            out.append(exc)
+            raise
+
     for target in q.shards:
-        out: list[list[Delivery]] = []
-        t = threading.Thread(target=lambda out=out: out.append(q.claim(timeout=20)))
+        out: list[Any] = []
+        t = threading.Thread(target=claim, args=(out,))
         t.start()
         # 3 claim scripts and 3 BLMOVEs at least (counting works), one blocked on each node.
-        wait_for(lambda t=t: sent[t] >= 6 and blocked() == [1, 1, 1], 30,
-                 lambda t=t: f"a BLMOVE blocked on every node: {blocked()}, "
-                             f"{sent[t]} commands sent")  # fmt: skip
+        wait_for(lambda t=t, out=out: out or (sent[t] >= 6 and blocked() == [1, 1, 1]), 30,
+                 lambda t=t, out=out: f"a BLMOVE blocked on every node: {blocked()}, "
+                                      f"{sent[t]} commands sent, alive {t.is_alive()}, "
+                                      f"{out}; where it is:\n{stack_of(t)}")  # fmt: skip
+        assert not out, f"the claim ended before it blocked: {out}"
         settled = [sent[t]]
 
         def quiet(t: threading.Thread = t, settled: list[int] = settled) -> bool:
