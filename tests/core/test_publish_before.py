@@ -79,20 +79,26 @@ def test_a_command_failing_as_it_runs_raises_and_the_message_is_published(
     assert q.stats()["ready"] == 1  # as documented: the transaction ran on
 
 
+@pytest.mark.parametrize("functions", [True, None], ids=["functions", "unset"])
 def test_a_write_the_acl_refuses_applies_neither(
-    r: redis.Redis, qname: str
+    r: redis.Redis, qname: str, functions: bool | None
 ) -> None:
+    """The refusal is the write's own: the queue keeps calling belayq's function library
+    (it does not take the write's refusal for one of FCALL's)."""
     user = f"nobody-{qname}"
     r.acl_setuser(user, enabled=True, passwords=["+pw"], keys=["*"],
-                  commands=["+@all", "-hset"])
+                  commands=["+@all", "-append"])  # a command belayq's scripts do not use
     try:
         port = r.connection_pool.connection_kwargs["port"]
         with redis.Redis(port=port, username=user, password="pw") as limited:
-            q = ReliableQueue(limited, qname, keeper=False)
-            with pytest.raises(NotPermitted):
-                q.publish_result("id-5", before=("HSET", f"{qname}-bodies", "id-5", b"b"))
-            assert q.stats()["ready"] == 0
+            q = ReliableQueue(limited, qname, keeper=False, lua_functions=functions)
+            q.publish(b"warm")
+            assert q._scripts._functions is True  # Redis 7: the library
+            with pytest.raises(NotPermitted, match=r"(?i)append"):
+                q.publish_result("id-5", before=("APPEND", f"{qname}-bodies", b"b"))
+            assert q.stats()["ready"] == 1  # the one before
             assert r.exists(f"{qname}-bodies") == 0
+            assert q._scripts._functions is True
             q.drop()
     finally:
         r.acl_deluser(user)
