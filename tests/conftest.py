@@ -308,6 +308,29 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     gc.collect()
 
 
+#: redis-py's classes that tests patch to count what is sent: a test must leave them as it
+#: found them (a method assigned back onto a subclass hides every later patch of its base,
+#: so a later count reads 0).
+_PATCHED_CLASSES = (redis.connection.AbstractConnection, redis.connection.Connection,
+                    redis.Redis, redis.client.Pipeline)
+
+
+def _class_state() -> list[dict[str, Any]]:
+    return [dict(vars(cls)) for cls in _PATCHED_CLASSES]
+
+
+@pytest.fixture(autouse=True)
+def _leaves_redis_py_as_it_was() -> Iterator[None]:
+    before = _class_state()
+    yield
+    after = _class_state()
+    changed = {
+        cls.__name__: sorted(k for k in {*b, *a} if b.get(k) is not a.get(k))
+        for cls, b, a in zip(_PATCHED_CLASSES, before, after, strict=True) if b != a
+    }
+    assert not changed, f"the test left redis-py's classes changed: {changed}"
+
+
 def _xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 

@@ -19,6 +19,7 @@ import argparse
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+from unittest import mock
 
 import redis
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -61,13 +62,12 @@ def _timed(client: redis.Redis, loop: Callable[[ReliableQueue, int], None], n: i
         sent[0] += 1
         return original(self, *args, **kwargs)
 
-    Connection.send_packed_command = counted  # type: ignore[method-assign]
-    try:
+    # patch.object puts the class back as it was (an inherited method assigned back would
+    # stay on Connection, hiding any later patch of its base class)
+    with mock.patch.object(Connection, "send_packed_command", counted):
         t0 = time.perf_counter()
         loop(q, n)
         elapsed = time.perf_counter() - t0
-    finally:
-        Connection.send_packed_command = original  # type: ignore[method-assign]
         q.close(release=False)
     return n / elapsed, sent[0] / n
 

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from belayq_dramatiq import Broker
-from tests.plugins.dramatiq.conftest import Workers, wait_recorded
+from tests.plugins.dramatiq.conftest import Workers, entries
 from tests.support import wait_for
 
 
@@ -64,8 +64,10 @@ def test_prometheus_counts_runs_errors_retries_and_durations(
     for i in range(2):
         send(producer, "fails", f"f{i}")  # runs twice (one retry), then dead-lettered
     send(producer, "mark", "later", delay=60_000)
-    wait_recorded(conn, "done", 5, 30)
-    wait_recorded(conn, "failed", 4, 30)
+    for what, count in (("done", 5), ("failed", 4)):
+        wait_for(lambda what=what, count=count: len(entries(conn, what)) >= count, 30,
+                 lambda what=what: f"{what}: {entries(conn, what)}; queue "
+                                   f"{conn.lrange('dramatiq:default', 0, -1)}\n{worker.output()}")
     # the last runs' settles (and their samples) follow their records
     got = wait_for(
         lambda: (g := samples(port))

@@ -8,6 +8,7 @@ import threading
 import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from unittest import mock
 
 import pytest
 import redis
@@ -154,12 +155,11 @@ def test_round_trips_per_job_fewer_than_stock(conn: redis.Redis) -> None:
                 count[0] += 1
             return original(self, *a, **kw)
 
-        Connection.send_packed_command = counting  # type: ignore[method-assign]
-        try:
+        # patch.object puts the class back as it was: assigning the inherited method back
+        # would leave a copy on Connection that hides any later patch of its base class
+        with mock.patch.object(Connection, "send_packed_command", counting):
             w = worker(["q"], connection=conn)
             w.work(burst=True, logging_level="WARNING")
-        finally:
-            Connection.send_packed_command = original  # type: ignore[method-assign]
         return count[0] / n
 
     stock = trips(rq.worker.SimpleWorker, rq.Queue)
