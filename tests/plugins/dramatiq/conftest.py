@@ -75,6 +75,13 @@ class Worker:
     def output(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
+    def wait_ready(self, timeout: float = 60) -> Worker:
+        """Wait until its worker process is ready (a loaded box can take a while to boot
+        one); fails naming its log."""
+        wait_for(lambda: "Worker process is ready for action." in self.output(), timeout,
+                 self.output)
+        return self
+
 
 class Workers:
     def __init__(self, url: str, tmp: Path) -> None:

@@ -59,6 +59,7 @@ def test_prometheus_counts_runs_errors_retries_and_durations(
     worker = workers.start(stock=stock, threads=2, dq_prometheus="1", environ={
         "dramatiq_prom_host": "127.0.0.1", "dramatiq_prom_port": str(port),
         "dramatiq_prom_db": str(tmp_path / "prometheus")})
+    worker.wait_ready()
     for i in range(5):
         send(producer, "mark", f"m{i}")
     for i in range(2):

@@ -57,7 +57,7 @@ def waiting_body(conn: redis.Redis) -> dramatiq.Message[Any]:
 def test_notified_actor_sees_shutdown_and_its_retry_runs_on_the_next_worker(
     producer: dramatiq.Broker, stock: bool, workers: Workers, conn: redis.Redis
 ) -> None:
-    a = workers.start(stock=stock, threads=1)
+    a = workers.start(stock=stock, threads=1).wait_ready()
     send(producer, "interruptible", "s", 60.0)
     [(_, first)] = wait_recorded(conn, "started", 1, 30)
     stopping = time.monotonic()
@@ -84,7 +84,7 @@ def test_notified_actor_sees_shutdown_and_its_retry_runs_on_the_next_worker(
 def test_notified_actor_that_swallows_shutdown_is_acked(
     producer: dramatiq.Broker, stock: bool, workers: Workers, conn: redis.Redis
 ) -> None:
-    a = workers.start(stock=stock, threads=1)
+    a = workers.start(stock=stock, threads=1).wait_ready()
     send(producer, "interruptible", "s", 60.0, True)
     [(_, first)] = wait_recorded(conn, "started", 1, 30)
     assert a.stop() == 0, a.output()
@@ -101,7 +101,7 @@ def test_a_run_cut_off_by_shutdown_without_notify_runs_on_the_next_worker(
 ) -> None:
     # stock's dead worker's claims come back after its heartbeat timeout (60 s by default,
     # at a maintenance pass); 2 s here, with maintenance on every command, to keep it short
-    a = workers.start(stock=stock, threads=1, dq_stock_heartbeat_ms="2000")
+    a = workers.start(stock=stock, threads=1, dq_stock_heartbeat_ms="2000").wait_ready()
     send(producer, "slow", "n", 30.0, 0.1)
     [(_, first)] = wait_recorded(conn, "started", 1, 30)
     stopping = time.monotonic()
