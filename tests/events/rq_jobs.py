@@ -31,7 +31,18 @@ class CrashQueue(belayq_rq.Queue):
 
 
 class CrashWorker(belayq_rq.Worker):
+    """Notes each claim in ``runs:<job id>`` as ``claim:<pid>:<time>``, as soon as it returns:
+    a claim counts as a started run, and a kill between the claim and the job's first line
+    (the fork of the work horse) loses a run that the job itself never noted."""
+
     queue_class = CrashQueue
+
+    def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().dequeue_job_and_maintain_ttl(*args, **kwargs)
+        if result:
+            job = result[0]
+            self.connection.rpush(f"runs:{job.id}", f"claim:{os.getpid()}:{time.time():.6f}")
+        return result
 
 
 class CrashSimpleWorker(belayq_rq.SimpleWorker):

@@ -347,12 +347,16 @@ def test_rq_crash_loop_finishes_every_job_and_fails_none(
           f"{reruns} re-runs, stats {core.stats()}")
     # A redelivered job runs first, so a kill period close to the lease can hit the same
     # job on every cycle: after max_deliveries (5) started runs lost it is FAILED, as
-    # designed. No other job may fail, and a failed one must really have lost 5 runs.
+    # designed. No other job may fail, and a failed one must really have lost 5 runs: 5
+    # claims, each a started run, then the claim that finds it exhausted and fails it. A
+    # kill may land between a claim and the job's first line (the horse's fork, slow on a
+    # loaded box), so the job itself may have noted fewer starts than claims; a run may
+    # also reach its body's end and be killed before RQ records it. Either way no success
+    # was recorded for it.
     for i in failed:
         record = runs(conn, i)
-        # A run may reach its body's end and be killed before RQ records it: that run is
-        # lost too (the job is FAILED, so no run's success was recorded).
-        assert record.count("start") >= rq_jobs.CrashQueue.max_deliveries, (i, record)
+        assert record.count("claim") >= rq_jobs.CrashQueue.max_deliveries, (i, record)
+        assert record.count("start") <= record.count("claim"), (i, record)
     assert len(failed) <= KILLS // rq_jobs.CrashQueue.max_deliveries, failed
     ok = [i for i in ids if i not in failed]
     assert statuses(conn, ok) == {finished: len(ok)}, dict(counts)
