@@ -174,8 +174,8 @@ def layout_of(kind: str, name: str, prefix: str = "belayq") -> dict[str, Any]:
         return kombu_layout(name)
     if kind == "rq":
         return rq_layout(name)
-    if kind == "dramatiq":  # stock RedisBroker's list; its .msgs hash is the adapter's
-        return {k: v for k, v in dramatiq_layout(name).items() if k != "messages"}
+    if kind == "dramatiq":
+        return dramatiq_layout(name)
     if kind == "belayq":
         return {"prefix": prefix}
     raise NoQueue(f"queues of kind {kind!r} are opened by their framework's belayq adapter; "

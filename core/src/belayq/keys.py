@@ -98,6 +98,7 @@ class QueueKeys:
         steps: int = 1,
         ready_key: str | None = None,
         level_keys: Sequence[str] | None = None,
+        payloads_key: str | None = None,
     ) -> QueueKeys:
         """Name the keys of queue ``name``.
 
@@ -107,9 +108,11 @@ class QueueKeys:
             steps: Number of priority levels.
             ready_key: An existing list to use as the level-0 ready list.
             level_keys: Names of the ready lists of levels 1.. when ``ready_key`` is given.
+            payloads_key: With ``ready_key``: an existing hash to use as the payloads hash
+                (Dramatiq's ``<list>.msgs``, which stock producers write the bodies to).
 
         Raises:
-            ConfigError: The name or the level keys do not fit.
+            ConfigError: The name, the level keys or the payloads key do not fit.
         """
         if not name:
             raise ConfigError("queue name must not be empty")
@@ -129,6 +132,14 @@ class QueueKeys:
             levels = [ready_key, *extra]
         if len(set(levels)) != len(levels):
             raise ConfigError(f"ready lists must be distinct, got {levels!r}")
+        if payloads_key is not None and (
+            ready_key is None or not isinstance(payloads_key, str) or not payloads_key
+            or payloads_key in levels or payloads_key.startswith(base)
+        ):
+            raise ConfigError(
+                "payloads_key must be a key name beside an adopted ready list (ready_key), "
+                f"and none of the queue's other keys; got {payloads_key!r}"
+            )
         return cls(
             levels=tuple(levels),
             processing=f"{base}processing",
@@ -136,7 +147,7 @@ class QueueKeys:
             delayed=f"{base}delayed",
             dead=f"{base}dead",
             meta=f"{base}meta",
-            payloads=f"{base}payloads",
+            payloads=payloads_key or f"{base}payloads",
             memo=f"{base}memo",
             memo_exp=f"{base}memo:exp",
             stats=f"{base}stats",
@@ -257,14 +268,13 @@ def dramatiq_layout(
 ) -> dict[str, object]:
     """The ReliableQueue arguments of Dramatiq queue ``name`` as ``belayq_dramatiq`` lays it
     out: stock ``RedisBroker``'s own list ``<namespace>:<name>`` holds the message ids,
-    pushed right, claimed from the left, and each message's body stays in the hash
-    ``<list>.msgs`` (``messages``, which the adapter reads and deletes; not an argument of
-    ReliableQueue). Stock Dramatiq never ran on a cluster, so with ``cluster`` the name sits
-    in a hash tag (``dramatiq:{name}``), putting the list, its ``.msgs`` hash and the
-    companion keys on one slot."""
+    pushed right, claimed from the left, and the hash ``<list>.msgs`` their bodies: the
+    core's id mode, with that hash as its payloads. Stock Dramatiq never ran on a cluster,
+    so with ``cluster`` the name sits in a hash tag (``dramatiq:{name}``), putting the list,
+    its ``.msgs`` hash and the companion keys on one slot."""
     ready = f"{namespace}:{{{name}}}" if cluster else f"{namespace}:{name}"
-    return {"ready_key": ready, "payload_in_list": True, "ready_head": "left",
-            "priority_steps": (0,), "kind": "dramatiq", "messages": dramatiq_messages(ready)}
+    return {"ready_key": ready, "payloads_key": dramatiq_messages(ready), "ready_head": "left",
+            "priority_steps": (0,), "kind": "dramatiq"}
 
 
 def dramatiq_messages(ready_key: str) -> str:

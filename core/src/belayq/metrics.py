@@ -88,10 +88,12 @@ def oldest_ready_age_s(q: ReliableQueue, now_ms: int) -> float | None:
 def published_ms_of_entry(q: ReliableQueue, entry: bytes) -> float | None:
     """When a ready list's entry was published (ms since the epoch), if anything tells: a
     core-chosen id; a kombu envelope belayq:// stamped; the framework's own record, through
-    its adapter's tools (RQ's job hash)."""
+    its adapter's tools (RQ's job hash, Dramatiq's body)."""
     if not q.config.payload_in_list:
-        return published_ms_of(_text(entry))
-    if entry.startswith(b"{"):
+        found = published_ms_of(_text(entry))
+        if found is not None:
+            return found
+    elif entry.startswith(b"{"):
         try:
             props = json.loads(entry).get("properties")
             return float(props[PUBLISHED_PROPERTY])

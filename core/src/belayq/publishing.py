@@ -7,7 +7,7 @@ import bisect
 import os
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from .config import QueueConfig
 from .config import check_count as _check_count
@@ -25,7 +25,12 @@ def message_id() -> str:
     return f"{int(time.time() * 1000):012x}{os.urandom(10).hex()}"
 
 
+_new_id = message_id  # publish_result's argument of the same name hides it there
+
 _MESSAGE_ID = re.compile(r"^[0-9a-f]{32}$")
+
+#: An id a caller chooses (``publish_result(message_id=...)``): printable ASCII, no spaces.
+_CALLER_ID = re.compile(r"^[!-~]{1,128}$")
 
 
 def published_ms(message: str) -> int:
@@ -59,7 +64,8 @@ class Publishing:
         return max(1, bisect.bisect_right(steps, priority))
 
     def _publish_args(
-        self, payload: bytes | str, priority: int, delay_ms: int, dedup_id: str | None
+        self, payload: bytes | str, priority: int, delay_ms: int, dedup_id: str | None,
+        chosen_id: str | None = None,
     ) -> list[Arg]:
         if isinstance(payload, str):
             payload = payload.encode("utf-8")
@@ -71,23 +77,24 @@ class Publishing:
             raise ConfigError(f"dedup_id must be a non-empty str or None, got {dedup_id!r}")
         if dedup_id is not None and self.config.transient:
             raise ConfigError("a transient queue keeps no dedup memo: dedup_id is refused")
-        return [message_id(), payload, self.level_of(priority), delay_ms, dedup_id or ""]
+        if chosen_id is not None:
+            if self.config.payload_in_list:
+                raise ConfigError("message_id is for queues whose list holds ids; this "
+                                  "queue's entries are the payloads, which are their own ids")
+            if not isinstance(chosen_id, str) or not _CALLER_ID.match(chosen_id):
+                raise ConfigError("message_id must be 1 to 128 printable ASCII characters "
+                                  f"without spaces, got {chosen_id!r}")
+        return [chosen_id or message_id(), payload, self.level_of(priority), delay_ms,
+                dedup_id or ""]
 
-    def _publish_groups(
-        self, groups: list[list[Arg]], before: Sequence[Arg] | None = None
-    ) -> list[Published]:
+    def _publish_groups(self, groups: list[list[Arg]], request_id: str = "") -> list[Published]:
+        """Publish ``groups`` in one script call; a re-send of the call answers as the first
+        did, by ``request_id`` (the first message's id, new and random, by default)."""
         args = [a for g in groups for a in g]
-        scripts, rid = self._scripts, str(groups[0][0])
-        if before and not (self.config.durable or scripts.cluster):
-            reply = scripts.run_after(before, "publish", self.config.dedup_window_ms, *args,
-                                      request_id=rid)
-        else:
-            if before:
-                scripts.client.execute_command(*before)
-            reply = scripts.run(
-                "publish", self.config.dedup_window_ms, *args, request_id=rid,
-                durable=self.config.durable,
-            )
+        reply = self._scripts.run(
+            "publish", self.config.dedup_window_ms, *args,
+            request_id=request_id or str(groups[0][0]), durable=self.config.durable,
+        )
         return [
             Published(_text(reply[i]), bool(int(reply[i + 1])), _text(reply[i + 2]))
             for i in range(0, len(reply), 3)
@@ -101,35 +108,25 @@ class Publishing:
         priority: int = 0,
         delay_ms: int = 0,
         dedup_id: str | None = None,
-        before: Sequence[Arg] | None = None,
+        message_id: str | None = None,
     ) -> Published:
         """Store a message, and say whether it was stored (see :meth:`publish`).
 
         Args:
-            before: A Redis command to run first, in the same round trip and transaction
-                (MULTI/EXEC): an adapter's write of what the message refers to, such as
-                its body under the id it publishes. A server that refuses either as it
-                is queued (OOM, the ACL) applies neither; a command that fails as it runs
-                (a key of another type) raises its error, the message published. With
-                ``wait_replicas`` or ``wait_aof``, or on a cluster client, it is sent on
-                its own, first.
+            message_id: Publish under this id instead of a new one, for a framework whose
+                producers name their messages (a queue whose list holds ids). While a
+                message of that id is in the queue (waiting, claimed or dead) nothing is
+                stored: ``stored`` is False and ``state`` says where it is. A message
+                published so carries no publish time in its id (see :func:`published_ms`).
 
         Returns:
             :class:`~belayq.models.Published`: the id, ``stored`` (False when ``dedup_id``
-            suppressed it) and, if so, where the first message is now.
+            or ``message_id`` found a message) and, if so, where that message is now.
         """
-        published = self._publish_args(payload, priority, delay_ms, dedup_id)
-        if before is not None and (
-            isinstance(before, (str, bytes))
-            or not isinstance(before, Sequence)
-            or not before
-            or not all(isinstance(a, (str, bytes, int, float)) for a in before)
-        ):
-            raise ConfigError(
-                "before must be a Redis command: a non-empty sequence of str, bytes and "
-                f"numbers, got {before!r}"
-            )
-        return self._publish_groups([published], before)[0]
+        published = self._publish_args(payload, priority, delay_ms, dedup_id, message_id)
+        # A chosen id may be published again once settled: each call is told apart by an id
+        # of its own, so only a re-send of this call answers as this one did.
+        return self._publish_groups([published], "" if message_id is None else _new_id())[0]
 
     def publish(
         self,

@@ -54,6 +54,9 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         name: The queue name.
         ready_key: Use this existing list as the ready list (stock producers push to it).
         level_keys: With ``ready_key``: the ready lists of the lower priority levels.
+        payloads_key: With ``ready_key``: an existing hash to keep the payloads in, for a
+            framework that keeps its messages' bodies beside its list (Dramatiq's
+            ``<list>.msgs``); its list holds ids (``payload_in_list`` False).
         keeper: Whether claims register with the process's lease keeper thread.
         kind: Who lays the queue out: ``"belayq"`` for the queues belayq owns; the adapters
             name theirs (``"kombu"``, ``"rq"``).
@@ -85,6 +88,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         *,
         ready_key: str | None = None,
         level_keys: Sequence[str] | None = None,
+        payloads_key: str | None = None,
         keeper: bool = True,
         kind: str = "belayq",
         record: bool = True,
@@ -98,6 +102,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         self.kind = check_kind(kind)
         self._record = record
         self._adopted = ready_key is not None
+        self._payloads_key = payloads_key
         self._named = frozenset(options) & frozenset((*LIMIT_FIELDS, *KEPT_FIELDS))
         if ready_key is not None and "priority_steps" not in options:
             options["priority_steps"] = tuple(range(1 + len(level_keys or ())))
@@ -109,7 +114,11 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
             steps=len(self.config.priority_steps),
             ready_key=ready_key,
             level_keys=level_keys,
+            payloads_key=payloads_key,
         )
+        if payloads_key is not None and self.config.payload_in_list:
+            raise ConfigError("payloads_key keeps the payloads beside the list: it needs "
+                              "payload_in_list=False")
         kwargs = client_info.connection_kwargs(client)
         if kwargs.get("decode_responses"):
             raise ConfigError(
@@ -171,7 +180,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
             self.kind, self.name, self.config,
             ready_key=self.keys.ready if self._adopted else None,
             level_keys=self.keys.levels[1:] if self._adopted else (), named=self._named,
-            shards=shards,
+            shards=shards, payloads_key=self._payloads_key,
         )
 
     def _adopt(self, recorded: QueueRecord) -> None:

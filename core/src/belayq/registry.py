@@ -54,7 +54,7 @@ _KIND = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 
 #: Fields that say where a queue's messages are; they never change while it exists.
 LAYOUT_FIELDS = ("ready_key", "level_keys", "priority_steps", "payload_in_list", "ready_head",
-                 "shards")
+                 "shards", "payloads_key")
 #: Fields that say how a queue treats its messages; the latest process that names them wins.
 LIMIT_FIELDS = ("lease_ms", "max_deliveries", "dead_letter_max", "exhausted")
 #: Fields that say what a queue's processes keep beside its messages; recorded for the tools.
@@ -95,6 +95,8 @@ class QueueRecord:
         history_ttl_ms: How long a history list is kept after its last write (ms); None as
             for ``history_max``.
         events: Whether its processes publish events; None as for ``history_max``.
+        payloads_key: The payloads hash of an adopted queue that keeps its payloads in its
+            framework's own hash (Dramatiq's ``<list>.msgs``); None for the queue's own.
         named: The limits (and kept fields) some process named itself (the others are
             belayq's defaults, which a process naming them sets without a warning).
         facts: What its framework needs to find it again (kombu: the key prefix and the
@@ -118,6 +120,7 @@ class QueueRecord:
     history_max: int | None = None
     history_ttl_ms: int | None = None
     events: bool | None = None
+    payloads_key: str | None = None
     named: tuple[str, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
     changed_ms: int = 0
@@ -136,6 +139,8 @@ class QueueRecord:
                    ready_head=self.ready_head)
         if self.ready_key is not None:
             out.update(ready_key=self.ready_key, level_keys=list(self.level_keys))
+        if self.payloads_key is not None:
+            out["payloads_key"] = self.payloads_key
         return out
 
     def to_json(self) -> str:
@@ -163,7 +168,8 @@ class QueueRecord:
 
 def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | None,
               level_keys: Iterable[str], named: Iterable[str] = (), shards: int = 1,
-              facts: Mapping[str, Any] | None = None) -> QueueRecord:
+              facts: Mapping[str, Any] | None = None,
+              payloads_key: str | None = None) -> QueueRecord:
     """The record of a queue opened with ``config``; ``named``: the limits the opener
     named itself."""
     return QueueRecord(
@@ -172,7 +178,7 @@ def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | Non
         ready_head=config.ready_head, shards=shards, lease_ms=config.lease_ms,
         max_deliveries=config.max_deliveries, dead_letter_max=config.dead_letter_max,
         exhausted=config.exhausted, history_max=config.history_max,
-        history_ttl_ms=config.history_ttl_ms, events=config.events,
+        history_ttl_ms=config.history_ttl_ms, events=config.events, payloads_key=payloads_key,
         named=tuple(sorted(set(named) & {*LIMIT_FIELDS, *KEPT_FIELDS})),
         facts=dict(facts or {}),
         changed_ms=int(time.time() * 1000), changed_by=f"{socket.gethostname()}:{os.getpid()}",

@@ -304,32 +304,6 @@ class ScriptRunner(DurableWrites):
 
         return list(self._retrying(once))
 
-    def run_after(self, first: Sequence[Arg], name: str, *args: Arg, request_id: str = "") -> Any:
-        """Command ``first``, then script ``name``, in one transaction (MULTI/EXEC): one
-        round trip. A transaction the server refuses as it is queued (OOM, a command the
-        ACL denies, an unknown command) applied nothing: ``first`` is sent alone then, and
-        the script after it as :meth:`run` sends it, so each one's refusal is its own (a
-        full server refuses ``first`` too: neither is applied). A script missing from the
-        server fails alone, after ``first`` ran: it is loaded and runs again by itself.
-        ``first`` failing as it runs (a key of another type) raises its error, the script
-        having run. One server only, and no waits for replicas (the caller sends ``first``
-        on its own then)."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.execute_command(*first)
-        pipe.execute_command(*self._command(name, args, request_id))
-        try:
-            done, reply = pipe.execute(raise_on_error=False)
-        except RESPONSE_ERROR:
-            self.client.execute_command(*first)
-            return self._run_once(name, args, request_id, False)
-        if self._recoverable(reply):
-            self._reload(reply)
-            reply = self._run_once(name, args, request_id, False)
-        for outcome in (done, reply):
-            if isinstance(outcome, Exception):
-                raise outcome
-        return reply
-
     def queue_on(self, pipeline: Any, name: str, *args: Arg, request_id: str = "") -> None:
         """Queue script ``name`` on the caller's pipeline or transaction as EVAL with the
         script's text: it cannot fail with NOSCRIPT inside a MULTI the caller executes."""

@@ -179,24 +179,51 @@ def test_queues_are_recorded_as_kind_dramatiq(broker: Broker, conn: redis.Redis)
     assert record.lease_ms == 2000
 
 
-def test_claims_whose_bodies_cannot_be_read_are_handed_back(
+def test_claims_that_cannot_be_made_into_messages_are_handed_back(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     broker.declare_queue("default")
-    broker.enqueue(dramatiq.Message(queue_name="default", actor_name="x", args=(),
-                                    kwargs={}, options={}))
     store = broker.store("default")
+    store.core.publish(b"not a Dramatiq message")
 
-    def unreachable(deliveries: object) -> None:
-        raise ConnectionLost("Redis unreachable during bodies")
+    def unreachable(*args: object) -> None:
+        raise ConnectionLost("Redis unreachable during the dead-letter")
 
-    monkeypatch.setattr(store, "bodies", unreachable)
+    monkeypatch.setattr(store.core, "dead_letter", unreachable)
     consumer = broker.consume("default", prefetch=2, timeout=100)
     with pytest.raises(ConnectionClosed):  # Dramatiq's consumer thread restarts it
         next(consumer)
     stats = store.core.stats()
     assert (stats["ready"], stats["in_flight"]) == (1, 0)  # back at once, uncounted
     assert store.core.held == []  # nothing kept alive by this process
+
+
+def test_entries_that_are_no_message_are_dead_lettered_and_the_next_one_runs(
+    url: str, conn: redis.Redis
+) -> None:
+    """In stock's keys: an id pushed without its body (the claim dead-letters it), and a
+    body Dramatiq cannot decode (the consumer does), each with its reason."""
+    broker = Broker(url=url)
+    try:
+        broker.declare_queue("default")
+        conn.rpush("dramatiq:default", "no-body")
+        conn.hset("dramatiq:default.msgs", "garbled", b"{not json")
+        conn.rpush("dramatiq:default", "garbled")
+        good = broker.enqueue(dramatiq.Message(queue_name="default", actor_name="x",
+                                               args=(), kwargs={}, options={}))
+        consumer = broker.consume("default", prefetch=4, timeout=500)
+        got = next(consumer)
+        assert got is not None and got.message_id == good.message_id
+        consumer.ack(got)
+        core = broker.store("default").core
+        dead = {d.id: d.reason for d in core.dead_letters()}
+        assert set(dead) == {"no-body", "garbled"}, dead
+        assert "payload missing" in dead["no-body"]
+        assert "undecodable message" in dead["garbled"]
+        assert conn.hkeys("dramatiq:default.msgs") == [b"garbled"]  # kept with its letter
+        consumer.close()
+    finally:
+        broker.close()
 
 
 def test_options_are_checked_when_the_broker_is_built() -> None:
@@ -216,8 +243,8 @@ def test_options_are_checked_when_the_broker_is_built() -> None:
 def test_an_enqueue_is_one_round_trip_with_its_body(
     broker: Broker, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """In stock's keys the body and the id go in one transaction; in belayq's own keys the
-    body is the message: one script either way."""
+    """One script either way: in stock's keys it writes the body to ``.msgs`` under the id
+    it pushes; in belayq's own keys the body is the message."""
     @dramatiq.actor
     def noop(n: int) -> None:
         pass
@@ -241,3 +268,45 @@ def test_an_enqueue_is_one_round_trip_with_its_body(
         assert body == message.encode()
     else:
         assert body is None
+
+
+def test_a_claim_is_one_round_trip_with_the_bodies_and_an_ack_deletes_its_body(
+    broker: Broker, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer's claim returns the bodies with the leases (no read of its own), and
+    each ack deletes its message's body in the script that accepts it."""
+    @dramatiq.actor
+    def noop(n: int) -> None:
+        pass
+
+    consumer = broker.consume("default", prefetch=5, timeout=1000)
+    noop.send(-1)
+    warm = next(consumer)  # the scripts loaded, the consumer registered
+    assert warm is not None
+    consumer.ack(warm)
+    sent = [noop.send(i) for i in range(5)]
+    sends: list[Any] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sends.append(command)
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    got = [next(consumer) for _ in range(5)]
+    monkeypatch.undo()
+    shown = [bytes(c[0] if isinstance(c, list) else c)[:80] for c in sends]
+    core = broker.store("default").core
+    # in belayq's own keys the claim visits the shards that hold messages, a script each
+    assert len(sends) == 1 if isinstance(core, ReliableQueue) else 1 <= len(sends) <= 6, shown
+    assert all(b"FCALL" in c or b"EVALSHA" in c for c in shown), shown
+    assert sorted(m.args[0] for m in got if m is not None) == [0, 1, 2, 3, 4]
+    bodies = "dramatiq:default.msgs"
+    if isinstance(core, ReliableQueue):
+        assert conn.hlen(bodies) == 5
+    for m in got:
+        consumer.ack(m)
+    assert conn.hlen(bodies) == 0 and conn.exists(bodies) == 0
+    s = core.stats()
+    assert (s["in_flight"], s["ready"], s["acked"]) == (0, 0, 1 + len(sent))
+    consumer.close()

@@ -18,6 +18,6 @@ def test_on_a_redis_cluster_each_queue_keeps_one_slot(cluster_client: RedisClust
     assert isinstance(store, Store)
     assert store.core.keys.ready == "dramatiq:{default}"
     store.core.keys.check_one_slot()
-    assert key_slot(store.messages.encode()) == key_slot(store.core.keys.ready.encode())
+    assert key_slot(store.core.keys.payloads.encode()) == key_slot(store.core.keys.ready.encode())
     stats = store.core.stats()
     assert stats["acked"] == 21 and stats["promoted"] == 1 and stats["in_flight"] == 0

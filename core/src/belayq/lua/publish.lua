@@ -13,7 +13,9 @@
 -- ARGV[7]  dedup_window_ms
 -- ARGV[8..] one group of five per message:
 --   id        chosen by the client (inline mode: derived from the payload; a delayed copy of
---             a payload whose id is in use goes by '<id> #<n>', includes/copies.lua)
+--             a payload whose id is in use goes by '<id> #<n>', includes/copies.lua); in id
+--             mode an id whose message is in the queue (its payload is) stores nothing and
+--             answers as a deduplicated publish
 --   payload   bytes
 --   level     1-based priority level
 --   delay_ms  0 = ready now; > 0 = due after that many ms (server clock)
@@ -66,6 +68,7 @@ for g = 8, #ARGV, 5 do
   local lvl, delay_ms, dedup_id = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]), ARGV[g + 4]
   if INLINE then id = id_of(payload) end  -- a delayed copy is named below
   local first = dedup_id ~= '' and memo_get(k.memo, k.memo_exp, 'd:' .. dedup_id, now)
+  if not first and not INLINE and redis.call('HEXISTS', k.payloads, id) == 1 then first = id end
   if first then
     out[#out + 1] = first
     out[#out + 1] = 0

@@ -28,14 +28,14 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import QueueJoinTimeout
 from dramatiq.middleware import Middleware
 
-from belayq import ConfigError, ConnectionLost
+from belayq import ConfigError
 from belayq.client_info import is_cluster
 from belayq.keys import dramatiq_layout, shard_names
 
 from .consumer import Consumer, StartReports, StockInlet
 from .failed import FailedRuns
 from .parent import ParentWatch
-from .store import AnyStore, ShardedStore, Store, core_options
+from .store import ShardedStore, Store, core_options
 from .tracing import ProcessSpans
 
 log = logging.getLogger("belayq_dramatiq")
@@ -139,7 +139,7 @@ class Broker(dramatiq.Broker):
         )
         self.cluster = is_cluster(self.client)
         self.queues: set[str] = set()
-        self._stores: dict[str, AnyStore] = {}
+        self._stores: dict[str, Store] = {}
         self._lock = threading.Lock()
         self.middleware.insert(0, StartReports())
         self.add_middleware(FailedRuns())
@@ -147,7 +147,7 @@ class Broker(dramatiq.Broker):
         self._parent_watch = ParentWatch()
         self.add_middleware(self._parent_watch)
 
-    def store(self, queue_name: str) -> AnyStore:
+    def store(self, queue_name: str) -> Store:
         """The store of a Dramatiq queue (opened once per broker): in belayq's own keys with
         ``shards``, else in stock's; a stock delay queue (``<queue>.DQ``) is always stock's
         list."""
@@ -253,8 +253,6 @@ class Broker(dramatiq.Broker):
             if deadline is not None and time.monotonic() >= deadline:
                 raise QueueJoinTimeout(queue_name)  # type: ignore[no-untyped-call]
             time.sleep(interval / 1000)
-        for n in names:  # what this process acked leaves no body behind
-            self.store(n).delete_acked()
 
     def close(self) -> None:
         """Stop keeping leases (claims not settled return after their lease)."""
@@ -262,9 +260,4 @@ class Broker(dramatiq.Broker):
         with self._lock:
             stores = list(self._stores.values())
         for s in stores:
-            try:
-                s.delete_acked()
-            except ConnectionLost as exc:
-                log.warning("could not delete the bodies of messages acked on %s (%s); "
-                            "they stay in its .msgs hash", s.name, exc)
             s.core.close(release=False)

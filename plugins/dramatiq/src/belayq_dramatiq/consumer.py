@@ -27,7 +27,7 @@ from belayq import ConnectionLost, Delivery
 
 if TYPE_CHECKING:
     from .broker import Broker
-    from .store import AnyStore, Store
+    from .store import Store
 
 log = logging.getLogger("belayq_dramatiq")
 
@@ -70,7 +70,7 @@ class Consumer(dramatiq.Consumer):
         timeout: How long ``__next__`` waits for a message (ms).
     """
 
-    def __init__(self, broker: Broker, store: AnyStore, prefetch: int, timeout: int) -> None:
+    def __init__(self, broker: Broker, store: Store, prefetch: int, timeout: int) -> None:
         self.broker = broker
         self.store = store
         self.queue_name = store.name
@@ -110,7 +110,6 @@ class Consumer(dramatiq.Consumer):
                 timeout=max(0.0, deadline - time.monotonic()), count=room
             )
             if not got:
-                self._delete_acked()
                 return None
             try:
                 proxies = self._admit(got)
@@ -120,34 +119,24 @@ class Consumer(dramatiq.Consumer):
             with self._room:
                 self._cache.extend(proxies)
 
-    def _delete_acked(self) -> None:
-        """The queue is empty: delete the acked messages' bodies not deleted yet (tried
-        again at the next empty claim when Redis cannot be reached)."""
-        try:
-            self.store.delete_acked()
-        except ConnectionLost as exc:
-            log.info("acked bodies of %s not deleted now (%s)", self.queue_name, exc)
-
     def _give_back(self, deliveries: list[Delivery]) -> None:
-        """Hand back claims that could not be made into messages (their bodies could not be
-        read): uncounted, at once; or, when Redis cannot be reached either, stop keeping them,
-        so they come back after their lease rather than being kept while nothing runs
-        them."""
+        """Hand back claims that could not be made into messages (Redis failed while one was
+        dead-lettered): uncounted, at once; or, when Redis cannot be reached either, stop
+        keeping them, so they come back after their lease rather than being kept while
+        nothing runs them."""
         try:
             self.store.core.release(deliveries)
         except Exception:
             self.store.core.forget(deliveries)
 
     def _admit(self, deliveries: list[Delivery]) -> list[Proxy]:
-        """The proxies of claimed messages; a message without a body or that cannot be
-        decoded is dead-lettered with the reason."""
+        """The proxies of claimed messages; a body that cannot be decoded is dead-lettered
+        with the reason (an id whose body is missing never comes: the claim dead-letters
+        it)."""
         out = []
-        for delivery, body in zip(deliveries, self.store.bodies(deliveries), strict=True):
-            if body is None:
-                self.store.core.dead_letter(delivery, "the message's body is missing from .msgs")
-                continue
+        for delivery in deliveries:
             try:
-                message = dramatiq.Message.decode(body)
+                message = dramatiq.Message.decode(delivery.payload)
             except Exception as exc:
                 self.store.core.dead_letter(delivery, f"undecodable message: {exc!r}"[:500])
                 continue
@@ -263,12 +252,9 @@ class StockInlet(dramatiq.Consumer):
 
     def _convert(self, store: Store, got: list[Delivery]) -> None:
         target = self.broker.store(q_name(self.queue_name))
-        for delivery, body in zip(got, store.bodies(got), strict=True):
-            if body is None:
-                store.core.dead_letter(delivery, "the message's body is missing from .msgs")
-                continue
+        for delivery in got:
             try:
-                message = dramatiq.Message.decode(body)
+                message = dramatiq.Message.decode(delivery.payload)
             except Exception as exc:
                 store.core.dead_letter(delivery, f"undecodable message: {exc!r}"[:500])
                 continue
@@ -279,7 +265,6 @@ class StockInlet(dramatiq.Consumer):
             target.publish(message_id, message.encode(), delay_ms=delay_ms,
                            dedup_id=f"stock:{message_id}")
             store.ack(delivery)
-        store.delete_acked()
 
     def requeue(self, messages: Iterable[MessageProxy]) -> None:
         """Nothing to hand back: no message of a delay queue reaches the worker."""

@@ -1,12 +1,9 @@
-"""belayq's tools on Dramatiq queues (the ``belayq.kinds`` entry point ``dramatiq``): what
-Dramatiq keeps beside its queue list (the message bodies in ``<list>.msgs``), and the
-failed runs its workers record (:mod:`belayq_dramatiq.failed`).
+"""belayq's tools on Dramatiq queues (the ``belayq.kinds`` entry point ``dramatiq``): the
+message bodies (the core's payloads: ``<list>.msgs`` in stock's layout), and the failed
+runs its workers record (:mod:`belayq_dramatiq.failed`).
 
-* ``belayq purge`` deletes the waiting messages' bodies with their ids, as stock
-  ``RedisBroker.flush`` does.
 * The dashboard's message detail shows the message as Dramatiq sent it: the actor, its
-  arguments, options and when it was sent (the core's own payload is only the id), and its
-  last failed run when one is recorded.
+  arguments, options and when it was sent, and its last failed run when one is recorded.
 * The dashboard lists, opens and deletes the failed runs. It does not requeue them: a
   Dramatiq message is retried by its actor's ``Retries`` policy, which knows what may run
   twice; a message that gave up is in the dead-letter set, which the tools replay.
@@ -19,30 +16,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from belayq import ReliableQueue, failures
+from belayq import failures
 from belayq.failures import RecordedFailures
-from belayq.keys import dramatiq_messages
 from belayq.sharded import AnyQueue, parts_of
 
 
-def _messages(queue: AnyQueue) -> str | None:
-    """The bodies' hash of a queue laid out on Dramatiq's list (None: a queue in belayq's
-    own keys, whose payloads are the bodies)."""
-    if not isinstance(queue, ReliableQueue) or not queue.config.payload_in_list:
-        return None
-    return dramatiq_messages(queue.keys.ready)
-
-
 def _body(queue: AnyQueue, message_id: str | bytes) -> dict[str, Any] | None:
-    """The body of message ``message_id``: in the ``.msgs`` hash of stock's layout, the
-    core's payload in belayq's own."""
-    messages = _messages(queue)
-    if messages is not None:
-        raw = queue.client.hget(messages, message_id)
-    else:
-        raw = next((found for part in parts_of(queue)
-                    if (found := part.client.hget(part.keys.payloads, message_id)) is not None),
-                   None)
+    """The body of message ``message_id``: its payload (in stock's layout, its entry in the
+    list's ``.msgs`` hash)."""
+    raw = next((found for part in parts_of(queue)
+                if (found := part.client.hget(part.keys.payloads, message_id)) is not None),
+               None)
     if raw is None:
         return None
     try:
@@ -55,18 +39,6 @@ def _body(queue: AnyQueue, message_id: str | bytes) -> dict[str, Any] | None:
 class DramatiqTools(RecordedFailures):
     """The tools' Dramatiq-specific work (see :class:`belayq.kinds.KindTools`); its failed
     runs are those its workers record (:class:`belayq.failures.RecordedFailures`)."""
-
-    def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
-        messages = _messages(queue)
-        bodies = 0
-
-        def drop(entries: list[bytes]) -> None:
-            nonlocal bodies
-            if entries and messages is not None:
-                bodies += int(queue.client.hdel(messages, *entries))
-
-        purged = queue.purge(delayed=delayed, on_entries=drop)
-        return {"ready": purged.ready, "delayed": purged.delayed, "bodies_deleted": bodies}
 
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
         """Message ``message_id`` (its id in the queue's list) as Dramatiq sent it, or the

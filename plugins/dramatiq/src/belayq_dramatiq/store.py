@@ -7,25 +7,20 @@
   :class:`~belayq.ShardedQueue` of kind ``dramatiq`` whose payloads are the bodies, over
   ``shards`` hash slots (:func:`belayq.keys.owned_ready_key`), one round trip per publish.
 
-In stock's layout:
-
-A message id sits in the queue's list as stock producers push it, and its body in the
-``.msgs`` hash beside it; the core claims the id with a lease and settles it with a fencing
-token. The body is written before the id is published (a crash in between leaves a body no
-id points to, never an id without its body) and deleted only after the core accepted the
-ack (a stale ack, refused, deletes nothing the redelivered copy needs). redis-py's errors
-come out as the core's (``ConnectionLost``...), as the core's own calls raise them.
+In stock's layout a message id sits in the queue's list as stock producers push it, and its
+body in the ``.msgs`` hash beside it, which is the core's payloads hash: the core's publish
+writes the body and pushes the id in one script, its claim returns the bodies with the
+leases, and its ack deletes the body in the script that accepts the ack (a stale ack,
+refused, deletes nothing the redelivered copy needs).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue, ShardedQueue
-from belayq.errors import redis_errors
 from belayq.keys import dramatiq_layout
 
 #: QueueConfig fields belayq_dramatiq sets itself: stock RedisBroker's list layout, and runs
@@ -55,12 +50,9 @@ def core_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-#: Bodies of acked messages deleted together (one ``HDEL`` instead of one per message).
-ACKED_BATCH = 64
-
-
 class Store:
-    """The ids (in the core) and bodies (in ``.msgs``) of one Dramatiq queue.
+    """One Dramatiq queue in stock's layout: its ids in stock's list, claimed by the core,
+    and their bodies in ``.msgs``, the core's payloads (see the module doc).
 
     Args:
         client: A ``redis.Redis`` or ``RedisCluster`` (``decode_responses=False``).
@@ -76,73 +68,32 @@ class Store:
         options: Mapping[str, Any], record: bool = True,
     ) -> None:
         layout: dict[str, Any] = dramatiq_layout(name, namespace=namespace, cluster=cluster)
-        self.messages = str(layout.pop("messages"))
         self.client = client
         self.name = name
-        self.core = ReliableQueue(client, name, claim_starts=False, record=record, **layout,
-                                  **options)
-        self._acked: list[bytes] = []
-        self._lock = threading.Lock()
+        self._queue = ReliableQueue(client, name, claim_starts=False, record=record, **layout,
+                                    **options)
+        self.core: ReliableQueue | ShardedQueue = self._queue
 
-    @redis_errors
     def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
                 dedup_id: str | None = None) -> None:
-        """Store a body, then publish its id (ready, or delayed ``delay_ms`` in Redis), in
-        one round trip (on a cluster, or when writes wait for replicas, in two)."""
-        self.core.publish_result(message_id, delay_ms=delay_ms, dedup_id=dedup_id,
-                                 before=("HSET", self.messages, message_id, body))
-
-    @redis_errors
-    def bodies(self, deliveries: Sequence[Delivery]) -> list[bytes | None]:
-        """The body of each claimed message (None when its body is missing)."""
-        if not deliveries:
-            return []
-        return list(self.client.hmget(self.messages, [d.payload for d in deliveries]))
+        """Store a body under its id and publish the id (ready, or delayed ``delay_ms`` in
+        Redis), in one round trip. An id already in the queue stores nothing."""
+        self._queue.publish_result(body, delay_ms=delay_ms, dedup_id=dedup_id,
+                                   message_id=message_id)
 
     def ack(self, delivery: Delivery) -> bool:
-        """Ack a claim; its body goes only when the core accepted the ack, with others
-        (see :meth:`delete_acked`)."""
-        if not self.core.ack(delivery):
-            return False
-        with self._lock:
-            self._acked.append(delivery.payload)
-            due = len(self._acked) >= ACKED_BATCH
-        if due:
-            self.delete_acked()
-        return True
+        """Ack a claim, and delete its body with it (False: refused, its lease had expired
+        and it was claimed again; the body stays for the copy that holds it)."""
+        return self.core.ack(delivery)
 
-    @redis_errors
-    def delete_acked(self) -> None:
-        """Delete the bodies of the messages acked since the last call, in one ``HDEL``:
-        called once :data:`ACKED_BATCH` wait, when the consumer finds the queue empty, and
-        when the broker closes. A body not deleted (Redis unreachable) is tried again the
-        next time; one left by a killed worker stays (see the docs' limits)."""
-        with self._lock:
-            acked, self._acked = self._acked, []
-        if not acked:
-            return
-        try:
-            self.client.hdel(self.messages, *acked)
-        except Exception:
-            with self._lock:
-                self._acked[:0] = acked
-            raise
-
-    @redis_errors
     def purge(self) -> int:
         """Delete the waiting (ready and delayed) messages and the dead letters, with their
         bodies. Claimed messages stay. Returns how many were deleted."""
-
-        def drop(entries: list[bytes]) -> None:
-            if entries:
-                self.client.hdel(self.messages, *entries)
-
-        total = int(self.core.purge(delayed=True, on_entries=drop))
+        total = int(self.core.purge(delayed=True))
         while True:
             dead = self.core.dead_letters(limit=1000)
             if not dead:
                 return total
-            drop([d.payload for d in dead if d.payload is not None])
             total += self.core.delete_dead([d.id for d in dead])
 
     def size(self) -> int:
@@ -151,11 +102,10 @@ class Store:
         return s["ready"] + s["delayed"] + s["in_flight"] + s["landing"]
 
 
-class ShardedStore:
+class ShardedStore(Store):
     """One Dramatiq queue in belayq's own layout: a :class:`~belayq.ShardedQueue` of kind
-    ``dramatiq`` over ``shards`` slots, whose payloads are the message bodies (one round trip
-    per publish; no stock producer or consumer reads these keys). Same calls as
-    :class:`Store`.
+    ``dramatiq`` over ``shards`` slots, whose payloads are the message bodies (no stock
+    producer or consumer reads these keys). Same calls as :class:`Store`.
 
     Args:
         client: A ``redis.Redis`` or ``RedisCluster`` (``decode_responses=False``).
@@ -173,36 +123,8 @@ class ShardedStore:
 
     def publish(self, message_id: str, body: bytes, *, delay_ms: int = 0,
                 dedup_id: str | None = None) -> None:
-        """Publish a body (ready, or delayed ``delay_ms`` in Redis); ``message_id`` is in
-        the body already."""
+        """Publish a body (ready, or delayed ``delay_ms`` in Redis) under a new core id;
+        ``message_id`` is in the body already."""
         self.core.publish(body, delay_ms=delay_ms, dedup_id=dedup_id)
 
-    def bodies(self, deliveries: Sequence[Delivery]) -> list[bytes | None]:
-        """The body of each claimed message: its payload."""
-        return [d.payload for d in deliveries]
 
-    def ack(self, delivery: Delivery) -> bool:
-        """Ack a claim (False: refused, its lease had expired and it was claimed again)."""
-        return self.core.ack(delivery)
-
-    def delete_acked(self) -> None:
-        """Nothing to delete: a body goes with its message."""
-
-    def purge(self) -> int:
-        """Delete the waiting (ready and delayed) messages and the dead letters. Claimed
-        messages stay. Returns how many were deleted."""
-        total = int(self.core.purge(delayed=True))
-        while True:
-            dead = self.core.dead_letters(limit=1000)
-            if not dead:
-                return total
-            total += self.core.delete_dead([d.id for d in dead])
-
-    def size(self) -> int:
-        """Messages not yet settled: ready, delayed, claimed, landing."""
-        s = self.core.stats()
-        return s["ready"] + s["delayed"] + s["in_flight"] + s["landing"]
-
-
-#: Either layout's store.
-AnyStore = Store | ShardedStore
