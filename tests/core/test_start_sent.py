@@ -153,6 +153,26 @@ def test_a_start_on_a_cluster_client_is_answered_before_it_returns(
     client.close()
 
 
+@pytest.mark.parametrize("backend", ["redis", "cluster"])
+def test_a_start_report_that_finds_its_claim_lost_forgets_it(
+    request: pytest.FixtureRequest, make_queue: Any, backend: str
+) -> None:
+    """On a plain client when the report's answer is read (the next report or beat); on a
+    cluster client, whose report is answered before it returns, at once."""
+    client = make_client(request, backend)
+    q = make_queue(client, lease_ms=200, claim_starts=False)
+    q.publish(b"job")
+    [d] = q.claim(timeout=1)
+    wait_for(lambda: q.sweep().reclaimed == 1, 10, "the lease to run out and be swept")
+    [again] = make_queue(client, lease_ms=30_000, claim_starts=False).claim(timeout=1)
+    assert again.id == d.id and again.token != d.token
+    q.start([d], now=True)
+    q.collect_starts()
+    assert q.held == [] and q._starting == set()
+    assert _attempts(q, d.id) == 0  # the lost claim's run is not counted
+    client.close()
+
+
 def test_a_child_process_leaves_its_parents_unread_answers_alone(
     q: ReliableQueue
 ) -> None:

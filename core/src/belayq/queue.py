@@ -252,7 +252,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         args, reported = self._extend_args(deliveries)
         sent = self._scripts.send("extend", self.config.lease_ms, "0", *args)
         if sent is None:  # a cluster client: sent and read in one call
-            self._extend(deliveries, count_stale=False)
+            self._drop_lost(deliveries, self._extend(deliveries, count_stale=False))
             return
         with self._lock:
             self._starting.difference_update(reported)
