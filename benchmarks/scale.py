@@ -433,7 +433,7 @@ def targets(rows: dict[int, dict[str, Any]]) -> dict[str, Any]:
     at = "" if top >= 100_000 else f"  [judged at {top:,} held: 100k not run]"
     med_of = {m: rows[top][m]["median"] for m in (*MODES, "kombu")}
     out: dict[str, Any] = {"judged_at_held": top}
-    print(f"\nTARGETS (from the issue){at}")
+    print(f"\nTARGETS{at}")
 
     def verdict(key: str, text: str, ok: bool | None, got: str) -> None:
         out[key] = {"target": text, "measured": got, "met": ok}
