@@ -240,6 +240,19 @@ def test_options_are_checked_when_the_broker_is_built() -> None:
            dead_message_ttl=1000).close()
 
 
+def counting_sends(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The commands every redis-py connection sends from now until ``monkeypatch.undo()``."""
+    sends: list[Any] = []
+    real = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sends.append(command)
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    return sends
+
+
 def test_an_enqueue_is_one_round_trip_with_its_body(
     broker: Broker, conn: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -250,14 +263,7 @@ def test_an_enqueue_is_one_round_trip_with_its_body(
         pass
 
     noop.send(0)  # the queue, the scripts: loaded
-    sends: list[Any] = []
-    real = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
-        sends.append(command)
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    sends = counting_sends(monkeypatch)
     message = noop.send(1)
     monkeypatch.undo()
     assert len(sends) == 1, sends
@@ -285,14 +291,7 @@ def test_a_claim_is_one_round_trip_with_the_bodies_and_an_ack_deletes_its_body(
     assert warm is not None
     consumer.ack(warm)
     sent = [noop.send(i) for i in range(5)]
-    sends: list[Any] = []
-    real = redis.connection.AbstractConnection.send_packed_command
-
-    def counted(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
-        sends.append(command)
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    sends = counting_sends(monkeypatch)
     got = [next(consumer) for _ in range(5)]
     monkeypatch.undo()
     shown = [bytes(c[0] if isinstance(c, list) else c)[:80] for c in sends]
