@@ -164,12 +164,15 @@ def test_a_start_report_that_finds_its_claim_lost_forgets_it(
     q.publish(b"job")
     [d] = q.claim(timeout=1)
     wait_for(lambda: q.sweep().reclaimed == 1, 10, "the lease to run out and be swept")
-    [again] = make_queue(client, lease_ms=30_000, claim_starts=False).claim(timeout=1)
+    other = make_queue(client, lease_ms=30_000, claim_starts=False)
+    [again] = other.claim(timeout=1)
     assert again.id == d.id and again.token != d.token
     q.start([d], now=True)
     q.collect_starts()
     assert q.held == [] and q._starting == set()
     assert _attempts(q, d.id) == 0  # the lost claim's run is not counted
+    for queue in (q, other):  # their observations go out on the client before it closes
+        queue.close(release=False)
     client.close()
 
 

@@ -991,7 +991,12 @@ class TestSweep:
         # One write in four (its field's last byte % 4 == 0; 'd' is 100) drops up to 8.
         publish_raw(q, "rid-newd", b"y")
         assert q.client.hlen(q.keys.memo) == 2 and q.client.zcard(q.keys.memo_exp) == 2
-        # An expired reply is no reply: the re-send stores again.
+        # An expired reply is no reply: the re-send finds its message still waiting, and
+        # stores nothing; once the message is gone, a re-send stores it again.
+        assert publish_raw(q, "rid-0", b"x") == [b"rid-0", b"0", b"ready"]
+        assert q.client.lrange(q.keys.ready, 0, -1).count(b"rid-0") == 1
+        q.purge()
+        advance(q, q.config.reply_window_ms + 1)  # past the reply of that re-send too
         assert publish_raw(q, "rid-0", b"x") == [b"rid-0", b"1", b""]
 
     def test_rings_the_bell_for_lower_levels(self, client: Any, make_queue: Any) -> None:
