@@ -68,7 +68,6 @@ class Store:
         options: Mapping[str, Any], record: bool = True,
     ) -> None:
         layout: dict[str, Any] = dramatiq_layout(name, namespace=namespace, cluster=cluster)
-        self.client = client
         self.name = name
         self._queue = ReliableQueue(client, name, claim_starts=False, record=record, **layout,
                                     **options)
@@ -116,7 +115,6 @@ class ShardedStore(Store):
 
     def __init__(self, client: Any, name: str, *, shards: int, options: Mapping[str, Any]
                  ) -> None:
-        self.client = client
         self.name = name
         self.core = ShardedQueue(client, name, shards=shards, kind="dramatiq",
                                  claim_starts=False, **options)
