@@ -97,7 +97,8 @@ def test_replay_sweep_and_purge(client: redis.Redis, served: Any) -> None:
         assert q.stats()["ready"] == 4 and q.stats()["in_flight"] == 0
         assert call(f"{api}/purge", {"confirm": "other"})[0] == 400
         assert q.stats()["ready"] == 4
-        assert call(f"{api}/purge", {"confirm": "jobs"}) == (200, {"purged": 4})
+        assert call(f"{api}/purge", {"confirm": "jobs"}) == (200, {
+            "purged": 4, "ready": 4, "delayed": 0})
     del c
 
 

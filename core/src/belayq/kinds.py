@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, Protocol
+
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .sharded import AnyQueue
@@ -69,6 +72,48 @@ class KindConsole(Protocol):
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
         """The framework's record of a message (None when it has none)."""
         ...
+
+
+#: Kinds whose framework keeps a record per message beside the list: their purge needs the
+#: adapter, and is refused without it.
+FRAMEWORK_PURGE = {"rq": "the job hashes, as `rq empty` does"}
+
+
+def purge(queue: AnyQueue, *, delayed: bool,
+          on_batch: Callable[[int], Any] | None = None) -> dict[str, int]:
+    """Delete the waiting messages of ``queue`` as its framework's own purge would: the one
+    purge every tool runs (``belayq purge``, the dashboard). A kind whose adapter registered
+    a ``purge`` has it do the work (RQ's job hashes go with their ids, as ``rq empty``
+    does); any other kind's messages are deleted by the core.
+
+    Args:
+        queue: The queue, opened as recorded.
+        delayed: Delete the delayed messages too (and a framework's own scheduled ones).
+        on_batch: Called with the count so far after each batch (the core's purge).
+
+    Returns:
+        Counts by what was deleted: ``ready`` and ``delayed``, and what the adapter adds.
+
+    Raises:
+        ConfigError: A kind that keeps a record per message whose adapter is not installed
+            (nothing is deleted).
+    """
+    kind = queue.kind
+    own = getattr(tools_for(kind), "purge", None)
+    if own is not None:
+        return dict(own(queue, delayed=delayed))
+    if kind in FRAMEWORK_PURGE:
+        raise ConfigError(f"purging a queue of kind {kind} deletes what its framework keeps "
+                          f"beside it ({FRAMEWORK_PURGE[kind]}): install its adapter "
+                          f"(pip install belayq-{kind}) to purge it")
+    purged = queue.purge(on_batch=on_batch, delayed=delayed)
+    return {"ready": purged.ready, "delayed": purged.delayed}
+
+
+def can_purge_itself(kind: str) -> bool:
+    """Whether the adapter of ``kind`` purges its queues (it may delete what no count of
+    belayq's shows, as RQ's scheduled jobs)."""
+    return getattr(tools_for(kind), "purge", None) is not None
 
 
 def console_for(kind: str) -> KindConsole | None:

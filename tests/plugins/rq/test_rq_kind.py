@@ -56,3 +56,25 @@ def test_purge_does_what_rq_empty_does(
                          "--json")
     assert code == 0 and json.loads(out)["scheduled"] == 1 and not conn.exists(
         f"rq:job:{later.id}")
+
+
+def test_the_dashboard_purges_as_belayq_purge_does(conn: redis.Redis) -> None:
+    """The dashboard's purge of an RQ queue deletes the queued jobs' hashes (and the
+    scheduled jobs) as ``belayq purge --delayed`` and ``rq empty`` do: no job is left
+    behind with status "queued" and no TTL."""
+    pytest.importorskip("uvicorn")
+    from belayq.web import create_app
+    from belayq_rq import Queue
+    from tests.web.conftest import _served
+    from tests.web.test_dashboard import call
+
+    q = Queue("bulk", connection=conn)
+    jobs = [q.enqueue("tests.plugins.rq.jobs.add", i, i) for i in range(5)]
+    later = q.enqueue_in(timedelta(minutes=5), "tests.plugins.rq.jobs.add", 0, 0)
+    with _served(create_app(conn)) as base:
+        status, answer = call(f"{base}/api/queue/rq/bulk/purge", {"confirm": "bulk"})
+    assert status == 200, answer
+    assert answer["purged"] == 6 and answer["ready"] == 5 and answer["scheduled"] == 1
+    assert answer["job_keys_deleted"] == 5
+    assert conn.llen("rq:queue:bulk") == 0
+    assert not [j.id for j in [*jobs, later] if conn.exists(f"rq:job:{j.id}")]

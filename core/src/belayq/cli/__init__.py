@@ -15,9 +15,9 @@ from typing import Any
 
 import redis
 
+from .. import kinds
 from ..discovery import Found, NoQueue, open_found
 from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors, NotPermitted
-from ..kinds import tools_for
 from ..sharded import ShardedQueue
 from . import views
 from .control import cmd_pause, cmd_resume, cmd_upgrade
@@ -253,25 +253,18 @@ def _confirmed(args: argparse.Namespace, what: str) -> bool:
 
 def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
     found, q = open_named(client, args)
-    tools = getattr(tools_for(found.kind), "purge", None)
-    if found.kind in FRAMEWORK_PURGE and tools is None:
-        raise CliError(f"purging a queue of kind {found.kind} deletes what its framework keeps "
-                       f"beside it ({FRAMEWORK_PURGE[found.kind]}): install its adapter "
-                       f"(pip install belayq-{found.kind}) to purge it")
+    itself = kinds.can_purge_itself(found.kind)
+    if found.kind in kinds.FRAMEWORK_PURGE and not itself:
+        kinds.purge(q, delayed=args.delayed)  # refused, with what to install
     waiting = q.stats()
     count = waiting["ready"] + (waiting["delayed"] if args.delayed else 0)
     what = (f"{count} waiting (ready and delayed)" if args.delayed else f"{count} ready")
-    asked = count or tools is not None  # an RQ queue's scheduled jobs are not counted here
+    asked = count or itself  # an RQ queue's scheduled jobs are not counted here
     if asked and not _confirmed(args, f"delete the {what} message(s) of {q.name}"):
         print("not confirmed: nothing deleted", file=sys.stderr)
         return NOTHING
-    if tools is not None:
-        counts = tools(q, delayed=args.delayed)
-    elif count:
-        purged = q.purge(on_batch=_progress, delayed=args.delayed)
-        counts = {"ready": purged.ready, "delayed": purged.delayed}
-    else:
-        counts = {"ready": 0, "delayed": 0}
+    counts = (kinds.purge(q, delayed=args.delayed, on_batch=_progress) if asked
+              else {"ready": 0, "delayed": 0})
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, **counts}))
         return DONE
@@ -281,11 +274,6 @@ def cmd_purge(client: redis.Redis, args: argparse.Namespace) -> int:
         print(f"kept {waiting['delayed']} delayed message(s): `belayq purge --delayed` "
               "deletes them too")
     return DONE
-
-
-#: Kinds whose framework keeps a record per message beside the list: their purge needs the
-#: adapter (:mod:`belayq.kinds`).
-FRAMEWORK_PURGE = {"rq": "the job hashes, as `rq empty` does"}
 
 
 def _progress(done: int) -> None:

@@ -32,7 +32,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import rollups
+from .. import kinds, rollups
 from ..cli import views
 from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
@@ -329,8 +329,9 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         q = target(request)
         if body.get("confirm") != q.name:
             raise ConfigError('send {"confirm": "<the queue name>"} to purge')
-        n = q.purge()
-        return done(request, q, "purge", {"purged": int(n)})
+        counts = kinds.purge(q, delayed=True)  # the page's purge: ready and delayed
+        purged = counts["ready"] + counts["delayed"] + counts.get("scheduled", 0)
+        return done(request, q, "purge", {"purged": purged, **counts})
 
     def message(request: Request, body: dict[str, Any]) -> Any:
         return console.message(target(request), request.path_params["id"])
