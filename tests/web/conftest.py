@@ -37,7 +37,7 @@ def _served(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     thread.start()
     try:
         wait_for(lambda: server.started, 20, "uvicorn to start")
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

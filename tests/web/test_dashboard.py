@@ -126,6 +126,25 @@ def test_the_guard(client: redis.Redis, served: Any) -> None:
         assert q.stats()["ready"] == 1
 
 
+def test_a_dashboard_bound_to_any_loopback_address_answers_its_own_host(
+        client: redis.Redis, served: Any) -> None:
+    """Bound to 127.0.0.2, the dashboard answers a browser that names it (Host 127.0.0.2,
+    with its port) and any loopback name, and still refuses every other Host."""
+    ReliableQueue(client, "jobs", keeper=False).publish(b"x")
+    with served(web.create_app(client, host="127.0.0.2"), host="127.0.0.2") as base:
+        assert base.startswith("http://127.0.0.2:")
+        port = base.rsplit(":", 1)[1]
+        status, o = call(f"{base}/api/overview")  # Host: 127.0.0.2:<port>, as a browser sends
+        assert status == 200 and [q["queue"] for q in o["queues"]] == ["jobs"]
+        for name in ("localhost", f"127.0.0.1:{port}", f"[::1]:{port}", "127.9.9.9"):
+            assert call(f"{base}/api/overview", host=name)[0] == 200, name
+        for name in ("evil.example", f"evil.example:{port}", "127.0.0.2.evil.example",
+                     "localhost.evil.example"):
+            assert call(f"{base}/api/overview", host=name)[0] == 400, name
+        with urllib.request.urlopen(f"{base}/", timeout=10) as resp:
+            assert resp.status == 200  # the page too
+
+
 def test_the_demo_pool_knobs_and_bad_input(client: redis.Redis, served: Any) -> None:
     pool = demo_pool(client, "demo-jobs", 1_000)
     try:

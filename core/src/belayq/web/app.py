@@ -3,8 +3,9 @@
 The API reads one queue's lists O(shown), never O(queue), so the page's refresh (every second) costs
 a few small commands per queue. It can replay, sweep and purge, hence the guard:
 
-* bound to a loopback address by default, and then only answering requests whose Host is a
-  loopback name (a page on another site cannot reach it through DNS rebinding);
+* bound to a loopback address by default (any of them: ``--host 127.0.0.2`` too), and then
+  only answering requests whose Host is a loopback name or address (a page on another site
+  cannot reach it through DNS rebinding: its Host is that site's name);
 * bound elsewhere only with a token (``belayq dashboard --host 0.0.0.0 --token T``), which
   every API request must carry (``Authorization: Bearer T``; the page takes it from its
   address's ``#token=T`` fragment, which browsers never send to a server);
@@ -25,7 +26,6 @@ from typing import Any
 import redis
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
@@ -55,6 +55,13 @@ HOLDERS_READ = 1000
 FAILED_AT_ONCE = 10_000
 #: How long the list of queues is reused before it is looked up again (s).
 FIND_EVERY_S = 5.0
+
+
+def host_name(header: str) -> str:
+    """The name or address of a Host header, without its port (``[::1]:80`` -> ``::1``)."""
+    if header.startswith("["):
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def is_loopback(host: str) -> bool:
@@ -169,13 +176,21 @@ def _record(h: Any) -> dict[str, Any]:
 
 
 class Guard:
-    """The token check on ``/api/`` and the JSON-only rule for POSTs (see the module doc)."""
+    """The Host check of a loopback dashboard, the token check on ``/api/`` and the JSON-only
+    rule for POSTs (see the module doc)."""
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, token: str | None, loopback_only: bool) -> None:
         self.app = app
         self.token = token
+        self.loopback_only = loopback_only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and self.loopback_only:
+            host = Request(scope).headers.get("host", "")
+            if not is_loopback(host_name(host)):
+                await Response("Invalid host header", status_code=400,
+                               media_type="text/plain")(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["path"].startswith("/api/"):
             request = Request(scope)
             refusal = self._refusal(request)
@@ -378,10 +393,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         Route("/api/demo/{action}", api(pool), methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    middleware = [Middleware(Guard, token=token)]
-    if is_loopback(host):
-        middleware.insert(0, Middleware(TrustedHostMiddleware,
-                                        allowed_hosts=["localhost", "127.0.0.1", "[::1]", "::1"]))
+    middleware = [Middleware(Guard, token=token, loopback_only=is_loopback(host))]
     return Starlette(routes=routes, middleware=middleware)
 
 
