@@ -26,6 +26,7 @@ from .models import Delivery, SweepResult
 from .observing import Observations
 from .publishing import Publishing
 from .registry import (
+    ADOPTED_FIELDS,
     KEPT_FIELDS,
     LIMIT_FIELDS,
     QueueRecord,
@@ -184,13 +185,28 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         )
 
     def _adopt(self, recorded: QueueRecord) -> None:
-        """Take the limits other processes named where this one named none."""
+        """Take the values other processes named where this one named none, each where it
+        fits this process's own settings: a recorded ``lease_ms`` no longer than the
+        ``heartbeat_interval_ms`` this process named is left (this process keeps its own
+        lease for its claims, with a warning), never a reason to refuse a valid
+        configuration."""
         taken = {f: getattr(recorded, f) for f in recorded.named
-                 if f in LIMIT_FIELDS and f not in self._named
+                 if f in ADOPTED_FIELDS and f not in self._named
+                 and getattr(recorded, f) is not None
                  and getattr(recorded, f) != getattr(self.config, f)}
-        if taken:
-            self.config = dataclasses.replace(self.config, **taken)
-            self._scripts.config = self.config
+        config = self.config
+        for f, value in taken.items():
+            try:
+                config = dataclasses.replace(config, **{f: value})
+            except ConfigError as exc:
+                log.warning(
+                    "queue %r (%s): another process recorded %s=%r, which does not fit this "
+                    "process's settings (%s); this process keeps %s=%r for its own claims. "
+                    "Name %s here to follow the record.", self.name, self.kind, f, value, exc,
+                    f, getattr(config, f), f)
+        if config != self.config:
+            self.config = config
+            self._scripts.reconfigure(config)
 
     @_redis_errors
     def extend(self, deliveries: Sequence[Delivery]) -> list[bool]:

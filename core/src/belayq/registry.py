@@ -13,16 +13,22 @@ A record holds two kinds of fields:
   messages are; a process that opens the queue with another layout is refused
   (:class:`~belayq.ConfigError`): its messages would be stranded where no consumer looks.
 * **The limits** (:data:`LIMIT_FIELDS`: lease, runs before the dead-letter set, the
-  dead-letter cap, what happens to a message out of runs). A process that names a limit
-  uses it, and the record keeps the values of the latest process that named them: a rolling
-  restart with a new setting changes the record, with a warning in the log of the process
-  that changed it, naming the old and new values; the record keeps who changed it and when.
+  dead-letter cap, what happens to a message out of runs, and the bell, which decides
+  whether a script may put a wake-up entry in a list stock consumers pop). A process that
+  names a limit uses it, and the record keeps the values of the latest process that named
+  them: a rolling restart with a new setting changes the record, with a warning in the log
+  of the process that changed it, naming the old and new values; the record keeps who
+  changed it and when.
   A process that names no limit takes the recorded ones (a producer that only publishes
-  names none). Tools never write a record; they read it.
+  names none), where they fit the settings it named itself (a recorded lease no longer than
+  its own heartbeat is left, with a warning: a valid configuration is never refused).
+  Tools never write a record; they read it, at each request, and apply all of it.
 * **What it keeps beside its messages** (:data:`KEPT_FIELDS`: the history, the events). The
   latest process that names them is recorded, as for the limits, so that the tools can say
-  whether a queue keeps a history or publishes events; but each process keeps what it was
-  opened with (a process that names none keeps none), and a change warns no one.
+  whether a queue keeps a history or publishes events, and apply them when they act (a
+  pause from the dashboard is in the control history and sends its event, as one from the
+  CLI); but each process keeps what it was opened with (a process that names none keeps
+  none), and a change warns no one.
 
 Queues that leave nothing behind on purpose (``transient``, as the Celery adapter's
 remote-control reply queues) are not recorded.
@@ -56,7 +62,9 @@ _KIND = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 LAYOUT_FIELDS = ("ready_key", "level_keys", "priority_steps", "payload_in_list", "ready_head",
                  "shards", "payloads_key")
 #: Fields that say how a queue treats its messages; the latest process that names them wins.
-LIMIT_FIELDS = ("lease_ms", "max_deliveries", "dead_letter_max", "exhausted")
+LIMIT_FIELDS = ("lease_ms", "max_deliveries", "dead_letter_max", "exhausted", "bell")
+#: The fields a process that names none of them takes from the record.
+ADOPTED_FIELDS = LIMIT_FIELDS
 #: Fields that say what a queue's processes keep beside its messages; recorded for the tools.
 KEPT_FIELDS = ("history_max", "history_ttl_ms", "events")
 
@@ -95,6 +103,8 @@ class QueueRecord:
         history_ttl_ms: How long a history list is kept after its last write (ms); None as
             for ``history_max``.
         events: Whether its processes publish events; None as for ``history_max``.
+        bell: Whether the scripts may ring the priority bell in its first list (off while
+            stock consumers pop the same lists); None as for ``history_max``.
         payloads_key: The payloads hash of an adopted queue that keeps its payloads in its
             framework's own hash (Dramatiq's ``<list>.msgs``); None for the queue's own.
         named: The limits (and kept fields) some process named itself (the others are
@@ -120,6 +130,7 @@ class QueueRecord:
     history_max: int | None = None
     history_ttl_ms: int | None = None
     events: bool | None = None
+    bell: bool | None = None
     payloads_key: str | None = None
     named: tuple[str, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
@@ -134,7 +145,8 @@ class QueueRecord:
     def options(self) -> dict[str, Any]:
         """The :class:`~belayq.ReliableQueue` keyword arguments that open this queue as
         recorded (``shards`` apart)."""
-        out: dict[str, Any] = {f: getattr(self, f) for f in LIMIT_FIELDS}
+        out: dict[str, Any] = {f: getattr(self, f) for f in LIMIT_FIELDS
+                               if getattr(self, f) is not None}
         out.update(priority_steps=self.priority_steps, payload_in_list=self.payload_in_list,
                    ready_head=self.ready_head)
         if self.ready_key is not None:
@@ -178,7 +190,8 @@ def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | Non
         ready_head=config.ready_head, shards=shards, lease_ms=config.lease_ms,
         max_deliveries=config.max_deliveries, dead_letter_max=config.dead_letter_max,
         exhausted=config.exhausted, history_max=config.history_max,
-        history_ttl_ms=config.history_ttl_ms, events=config.events, payloads_key=payloads_key,
+        history_ttl_ms=config.history_ttl_ms, events=config.events, bell=config.bell,
+        payloads_key=payloads_key,
         named=tuple(sorted(set(named) & {*LIMIT_FIELDS, *KEPT_FIELDS})),
         facts=dict(facts or {}),
         changed_ms=int(time.time() * 1000), changed_by=f"{socket.gethostname()}:{os.getpid()}",
@@ -227,8 +240,8 @@ class Registry:
             check_layout(old, rec)
             changed = {f: (getattr(old, f), getattr(rec, f)) for f in rec.named
                        if getattr(old, f) != getattr(rec, f)}
-            # A record written before the kept fields were recorded learns them now.
-            changed.update({f: (None, getattr(rec, f)) for f in KEPT_FIELDS
+            # A record written before these fields were recorded learns them now.
+            changed.update({f: (None, getattr(rec, f)) for f in (*KEPT_FIELDS, "bell")
                             if getattr(old, f) is None and f not in changed})
             named = tuple(sorted(set(old.named) | set(rec.named)))
             if not changed and named == old.named:

@@ -65,6 +65,18 @@ def refresh_slots(client: Any) -> None:
         pass
 
 
+def _layout_of(c: QueueConfig) -> str:
+    """The scripts' mode flags that follow from the queue's configuration (the events
+    flag is added per call, see ``ScriptRunner._mode``)."""
+    return (
+        ("1" if c.payload_in_list else "0")
+        + ("L" if c.ready_head == "left" else "")
+        + ("" if c.bell else "N")
+        + ("T" if c.transient else "")
+        + (f"H{c.history_max},{c.history_ttl_ms}" if c.history_max else "")
+    )
+
+
 class ScriptRunner(DurableWrites):
     """Runs belayq's scripts for one queue on one client.
 
@@ -87,14 +99,12 @@ class ScriptRunner(DurableWrites):
         # on the first call (see _pick_functions).
         self._functions: bool | None = None if config.lua_functions is not False else False
         self.server_versions: list[str] = []  # set by the queue ([]: fakeredis, unknown)
-        c = config
-        self._layout = (
-            ("1" if c.payload_in_list else "0")
-            + ("L" if c.ready_head == "left" else "")
-            + ("" if c.bell else "N")
-            + ("T" if c.transient else "")
-            + (f"H{c.history_max},{c.history_ttl_ms}" if c.history_max else "")
-        )
+        self._layout = _layout_of(config)
+
+    def reconfigure(self, config: QueueConfig) -> None:
+        """Run the scripts with ``config`` from now on (the queue adopted recorded values)."""
+        self.config = config
+        self._layout = _layout_of(config)
 
     @property
     def sharded_events(self) -> bool:

@@ -34,7 +34,8 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "starvation_floor": (0.0, "share of claims served from the lowest non-empty priority"),
     "blip_keep_max": (3600.0, "longest a running task's lease is kept past a reconnect (s)"),
     "priority_bell": (True, "wake-up entry in a queue's first list when only lower-priority "
-                      "lists hold work; False while stock workers consume the same queues"),
+                      "lists hold work; False while stock workers consume the same queues (unset: "
+                      "as the queue's record says, True when none does)"),
     "native_delayed_delivery": (True, "a task whose ETA is ahead waits in Redis (the "
                                 "queue's delayed set), not in a worker's memory"),
     "revokes_keep": (7 * 24 * 3600.0, "how long Redis remembers a revoke for the delayed "
@@ -237,7 +238,6 @@ def core_options(source: Any) -> dict[str, Any]:
         "priority_steps": tuple(source.priority_steps),
         "starvation_floor": float(source.starvation_floor),
         "payload_in_list": True,
-        "bell": source.priority_bell,
         # A worker prefetches: its runs count as attempts once a task starts (reported before
         # it runs, see starts.py), so a crash loop does not dead-letter what never started.
         "claim_starts": False,
@@ -247,11 +247,22 @@ def core_options(source: Any) -> dict[str, Any]:
         # The registry of these queues sits under the transport's key prefix, as its lists.
         "prefix": _registry_prefix(getattr(source, "global_keyprefix", "")),
     }
+    if _given(source, "priority_bell"):
+        # Named only when set: a process that leaves it unset (a producer) takes the value
+        # the queue's record holds, so it never rings a bell into lists stock workers pop.
+        fields["bell"] = source.priority_bell
     try:
         QueueConfig(**fields)
     except ConfigError as exc:
         raise ValueError(f"belayq:// transport options do not work together: {exc}") from exc
     return fields
+
+
+def _given(source: Any, name: str) -> bool:
+    """Whether the transport options set ``name`` (kombu sets each given one on the
+    channel; a class default is not given)."""
+    given = source._options if isinstance(source, _Merged) else vars(source)
+    return name in given
 
 
 def _registry_prefix(keyprefix: str) -> str:
