@@ -5,13 +5,19 @@ holds its namespace; and a full server never keeps a queue from opening to drain
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
 
-from belayq import ReliableQueue
+from belayq import ConfigError, ReliableQueue
+from belayq.embedded import RedisServer
+from belayq.keys import dramatiq_layout, registry_key
 from belayq.registry import Registry
+from tests.conftest import any_binary, client_of
 
 
 def test_a_recorded_lease_shorter_than_my_heartbeat_does_not_refuse_my_valid_configuration(
@@ -28,3 +34,62 @@ def test_a_recorded_lease_shorter_than_my_heartbeat_does_not_refuse_my_valid_con
     assert rec is not None and rec.lease_ms == 8_000  # the record stays the fleet's
     other = ReliableQueue(r, qname, keeper=False)  # a process naming nothing still adopts it
     assert other.config.lease_ms == 8_000
+
+
+@pytest.fixture(scope="module")
+def full_server() -> Iterator[RedisServer]:
+    """A server of this module's own, which its tests fill (maxmemory, noeviction)."""
+    with RedisServer(any_binary(), args=["--maxmemory-policy", "noeviction"]) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def full(client: redis.Redis) -> Iterator[None]:
+    """The server full: maxmemory below what it uses now."""
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", max(1, used - 200_000))
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        client.set("probe", "x")  # the server refuses what stores more
+    try:
+        yield
+    finally:
+        client.config_set("maxmemory", 0)
+
+
+def test_a_full_server_opens_a_queue_stock_producers_filled_so_it_drains(
+    full_server: RedisServer, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    layout: dict[str, Any] = dramatiq_layout(qname)
+    with client_of(full_server) as client:
+        for i in range(3):  # as stock RedisBroker's enqueue: the body, then the id
+            client.hset(layout["payloads_key"], f"id-{i}", f"body-{i}")
+            client.rpush(layout["ready_key"], f"id-{i}")
+        with full(client), caplog.at_level(logging.WARNING, logger="belayq"):
+            q = ReliableQueue(client, qname, keeper=False, claim_starts=False, **layout)
+            got = q.claim(timeout=0, count=3)
+            assert sorted(d.payload for d in got) == [b"body-0", b"body-1", b"body-2"]
+            assert q.ack_many(got) == [True] * 3
+            assert q.stats()["ready"] == 0
+        assert any("registry" in r.getMessage() and "memory" in r.getMessage()
+                   for r in caplog.records)
+        assert Registry(client).get("dramatiq", qname) is None  # recorded at the next open
+        q.drop()
+
+
+def test_a_full_server_opens_a_consumer_restarted_with_a_longer_lease(
+    full_server: RedisServer, qname: str
+) -> None:
+    with client_of(full_server) as client:
+        ReliableQueue(client, qname, keeper=False, lease_ms=5_000, max_deliveries=3)
+        producer = ReliableQueue(client, qname, keeper=False)
+        producer.publish(b"a")
+        before = client.hget(registry_key(), f"belayq/{qname}")
+        with full(client):
+            q = ReliableQueue(client, qname, keeper=False, lease_ms=60_000)
+            assert q.config.lease_ms == 60_000 and q.config.max_deliveries == 3
+            [d] = q.claim(timeout=0)
+            assert q.ack(d)
+            with pytest.raises(ConfigError, match="laid out otherwise"):  # checked first
+                ReliableQueue(client, qname, keeper=False, priority_steps=(0, 5))
+        assert client.hget(registry_key(), f"belayq/{qname}") == before
+        q.drop()

@@ -47,7 +47,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from .config import QueueConfig
-from .errors import NO_PERMISSION, ConfigError
+from .errors import NO_PERMISSION, OUT_OF_MEMORY, ConfigError
 from .keys import registry_key
 
 log = logging.getLogger("belayq")
@@ -225,14 +225,22 @@ class Registry:
         limits ``rec`` names replace the recorded ones (with a warning when another process
         had named them otherwise); the others stay as recorded (see the module doc).
 
+        On a full server (``maxmemory`` under ``noeviction``) the write is refused: what
+        would stand is returned all the same, with a warning, so that a queue can always be
+        opened to drain it; the record is written by the next process that opens the queue
+        once there is room. The layout is checked against the record first, full or not.
+
         Raises:
             ConfigError: The queue is recorded with another layout.
         """
         for _ in range(3):
             raw = self.client.hget(self.key, rec.field)
             if raw is None:
-                if self.client.hsetnx(self.key, rec.field, rec.to_json()):
-                    return rec
+                try:
+                    if self.client.hsetnx(self.key, rec.field, rec.to_json()):
+                        return rec
+                except OUT_OF_MEMORY as exc:
+                    return _unwritten(self.key, rec, exc)
                 continue  # another process recorded it meanwhile: compare with that
             old = _readable(raw)
             if old is None:  # written by another belayq version: left as it is
@@ -253,7 +261,10 @@ class Registry:
                         if f in old.named and f in LIMIT_FIELDS}
                 if loud:
                     _warn_changed(rec, old, loud)
-            self.client.hset(self.key, rec.field, new.to_json())
+            try:
+                self.client.hset(self.key, rec.field, new.to_json())
+            except OUT_OF_MEMORY as exc:
+                return _unwritten(self.key, new, exc)
             return new
         raise ConfigError(f"could not record queue {rec.name!r}: the registry kept changing")
 
@@ -289,6 +300,23 @@ def record_or_warn(registry: Registry, rec: QueueRecord) -> QueueRecord:
 
 #: Registry keys an ACL refused in this process (warned about once).
 _REFUSED: set[str] = set()
+
+#: The records a full server refused in this process, as (registry key, field): warned once.
+_FULL: set[tuple[str, str]] = set()
+
+
+def _unwritten(key: str, standing: QueueRecord, exc: BaseException) -> QueueRecord:
+    """``standing``, which a full server refused to store, with a warning (once per queue
+    and process): the queue opens, and drains, with the values it would have recorded."""
+    if (key, standing.field) not in _FULL:
+        _FULL.add((key, standing.field))
+        log.warning(
+            "queue %r (%s): the Redis server is full (%s), so its record in belayq's registry "
+            "%r was not written; the queue opens with %s, and the record is written by the "
+            "next process that opens it once there is memory again.", standing.name,
+            standing.kind, exc, key,
+            ", ".join(f"{f}={getattr(standing, f)!r}" for f in LIMIT_FIELDS))
+    return standing
 
 
 def _merged(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
