@@ -15,6 +15,7 @@ from .errors import (
     OutOfMemory,
     RedisTooOld,
     SchemaMismatch,
+    UnknownOption,
 )
 from .events import Event, EventStream
 from .keys import SCHEMA_VERSION, QueueKeys
@@ -47,6 +48,7 @@ __all__ = [
     "SchemaMismatch",
     "ShardedQueue",
     "SweepResult",
+    "UnknownOption",
 ]
 #: The installed distribution's version (``belayq``, as pip shows it).
 __version__ = _installed_version("belayq")

@@ -73,6 +73,12 @@ class ConfigError(BelayqError, ValueError):
     """A queue was configured with a value that cannot work; the message says which and why."""
 
 
+class UnknownOption(ConfigError, TypeError):
+    """An option name nobody reads: a misspelled belayq option. The message names it, the
+    closest valid name and every valid one. A ``TypeError`` too, as Python's own error for an
+    unexpected keyword argument (see :mod:`belayq.option_names`)."""
+
+
 class RedisTooOld(BelayqError):
     """The server is older than Redis 6.2, which belayq needs for BLMOVE/LMOVE."""
 

@@ -9,10 +9,12 @@ from typing import Any, ClassVar
 
 import pytest
 import redis
+import rq
 import rq.serializers
 
 import belayq_rq
-from belayq import ConfigError
+from belayq import ConfigError, UnknownOption
+from belayq_rq.queue import IgnoredKeywordWarning
 from tests.plugins.rq import jobs
 
 
@@ -39,17 +41,37 @@ def test_rqs_own_keywords_still_work(conn: redis.Redis) -> None:
     assert q.enqueue(jobs.add, 1, 2).id in q.job_ids
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"lease_msec": 5_000}, "lease_msec"),
-    ({"max_delivery": 3}, "max_delivery"),
-    ({"belayq_option": {"sweep_limit": 7}}, "belayq_option"),
-    ({"default_timout": 30}, "default_timout"),
+@pytest.mark.parametrize("kwargs, named, near", [
+    ({"lease_msec": 5_000}, "lease_msec", "did you mean 'lease_ms'"),
+    ({"max_delivery": 3}, "max_delivery", "did you mean 'max_deliveries'"),
+    ({"belayq_option": {"sweep_limit": 7}}, "belayq_option", "did you mean 'belayq_options'"),
+    ({"sweep_limit": 7}, "sweep_limit", r"pass it as belayq_options=\{'sweep_limit'"),
+    ({"sweep_intervl_ms": 9}, "sweep_intervl_ms", r"belayq_options=\{'sweep_interval_ms'"),
 ])
-def test_a_misspelled_keyword_is_a_type_error_naming_it(
-    conn: redis.Redis, kwargs: dict[str, Any], named: str
+def test_a_misspelled_belayq_option_is_refused_naming_it_and_the_valid_ones(
+    conn: redis.Redis, kwargs: dict[str, Any], named: str, near: str
 ) -> None:
-    with pytest.raises(TypeError, match=named):
+    with pytest.raises(UnknownOption, match=f"'{named}'; .*{near}") as raised:
         belayq_rq.Queue("q", connection=conn, **kwargs)
+    assert "valid: belayq_options, lease_ms, max_deliveries" in str(raised.value)
+    assert isinstance(raised.value, TypeError)  # Python's own error for a bad keyword
+    assert conn.keys("*") == []
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"result_ttl": -1}, {"result_ttl": 0}, {"failure_ttl": 10}, {"default_timout": 30},
+])
+def test_a_keyword_stock_rq_accepts_and_ignores_is_accepted_with_a_warning(
+    conn: redis.Redis, kwargs: dict[str, Any]
+) -> None:
+    stock = rq.Queue("q", connection=conn, **kwargs)  # stock RQ accepts it, and ignores it
+    with pytest.warns(IgnoredKeywordWarning, match=repr(next(iter(kwargs)))):
+        q = belayq_rq.Queue("q", connection=conn, **kwargs)
+    assert q._default_timeout == stock._default_timeout
+    job = q.enqueue(jobs.add, 1, 2)
+    assert job.id in q.job_ids
+    assert belayq_rq.SimpleWorker([q], connection=conn).work(burst=True)
+    assert job.get_status() == "finished" and job.return_value() == 3
 
 
 @pytest.mark.parametrize("kwargs, says", [

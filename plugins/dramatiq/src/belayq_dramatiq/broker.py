@@ -15,10 +15,13 @@ Prometheus...) is untouched.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import logging
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,9 +31,10 @@ from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import QueueJoinTimeout
 from dramatiq.middleware import Middleware
 
-from belayq import ConfigError
+from belayq import ConfigError, QueueConfig
 from belayq.client_info import is_cluster
 from belayq.keys import dramatiq_layout, shard_names
+from belayq.option_names import closest, misspells, refuse_misspelled, unknown_option
 
 from .consumer import Consumer, StartReports, StockInlet
 from .failed import FailedRuns
@@ -43,6 +47,50 @@ log = logging.getLogger("belayq_dramatiq")
 #: Stock RedisBroker arguments that configure its maintenance pass, which belayq replaces
 #: with leases and the sweep: accepted, so a drop-in needs no edit, and unused.
 STOCK_ONLY = ("maintenance_chance", "heartbeat_timeout", "dead_message_ttl")
+
+
+#: Broker's own keywords.
+OWN_KEYWORDS = ("client_or_url", "url", "client", "middleware", "namespace", "lease_ms",
+                "max_deliveries", "belayq_options", "stock_delays", "strict_runs", "shards")
+#: belayq's options among them (what a misspelling is checked against).
+BELAYQ_KEYWORDS = ("lease_ms", "max_deliveries", "belayq_options", "stock_delays",
+                   "strict_runs", "shards")
+#: The connection parameters ``redis.Redis`` takes, which ``**parameters`` passes on.
+REDIS_PARAMETERS = frozenset(
+    p.name for p in inspect.signature(redis.Redis.__init__).parameters.values()
+    if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
+)
+
+
+def _check_parameters(parameters: Mapping[str, Any], *, has_client: bool) -> None:
+    """Refuse a keyword that misspells a belayq option, or that ``redis.Redis`` would be
+    given and does not take (stock RedisBroker fails there too, with redis-py's
+    ``TypeError``); with a client given, stock ignores ``**parameters``: warn instead.
+
+    Raises:
+        UnknownOption: Naming the keyword, the closest valid one and Broker's keywords.
+    """
+    what = "belayq_dramatiq.Broker option"
+    more = "and redis.Redis connection parameters"
+    config = {f.name for f in dataclasses.fields(QueueConfig)} - set(BELAYQ_KEYWORDS)
+    unused = set(parameters) - REDIS_PARAMETERS - set(STOCK_ONLY)
+    for name in sorted(unused):
+        field = name if name in config else misspells(name, config)
+        if field is not None:
+            raise unknown_option(
+                name, OWN_KEYWORDS, what=what, more=more,
+                hint=f"{field!r} is a belayq.QueueConfig field: pass it as "
+                f"belayq_options={{{field!r}: ...}}",
+            )
+    rest = refuse_misspelled(unused, BELAYQ_KEYWORDS, what=what, more=more)
+    if rest and not has_client:
+        near = closest(rest[0], [*OWN_KEYWORDS, *STOCK_ONLY, *REDIS_PARAMETERS])
+        hint = f"did you mean {near!r}?" if near else "redis.Redis does not take it either"
+        raise unknown_option(rest[0], [*OWN_KEYWORDS, *STOCK_ONLY], what=what, hint=hint,
+                             more=more)
+    for name in rest:
+        warnings.warn(f"belayq_dramatiq.Broker ignores {name!r} beside a client, as stock "
+                      "RedisBroker does", stacklevel=3)
 
 
 def _client_of(client_or_url: Any, url: str | None, client: Any, parameters: dict[str, Any]) -> Any:
@@ -94,6 +142,9 @@ class Broker(dramatiq.Broker):
             accepted and unused.
 
     Raises:
+        UnknownOption: A keyword that misspells a belayq option (``lease_msec``), a
+            :class:`belayq.QueueConfig` field outside ``belayq_options``, or a keyword
+            ``redis.Redis`` does not take; it names the keyword and lists the valid ones.
         ConfigError: A bad or unknown belayq option, or ``lease_ms`` or
             ``max_deliveries`` in ``belayq_options``; a bad ``shards``, or ``shards`` with
             ``stock_delays`` or another ``namespace`` (both are stock's keys).
@@ -115,6 +166,8 @@ class Broker(dramatiq.Broker):
         shards: int | None = None,
         **parameters: Any,
     ) -> None:
+        _check_parameters(parameters, has_client=client is not None or (
+            client_or_url is not None and not isinstance(client_or_url, str)))
         if shards is not None:
             shard_names("queue", shards)  # checks the count
             if stock_delays or namespace != "dramatiq":

@@ -22,6 +22,7 @@ from typing import Any
 
 from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue, ShardedQueue
 from belayq.keys import dramatiq_layout
+from belayq.option_names import refuse_unknown
 
 #: QueueConfig fields belayq_dramatiq sets itself: stock RedisBroker's list layout, and runs
 #: counted when Dramatiq starts them (its workers prefetch).
@@ -37,11 +38,8 @@ def core_options(options: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(options, Mapping):
         raise ConfigError(f"belayq options must be a mapping, got {options!r}")
     valid = {f.name for f in dataclasses.fields(QueueConfig)}
-    unknown = sorted(set(options) - valid)
-    if unknown:
-        raise ConfigError(
-            f"unknown belayq option(s) {unknown}; valid: {sorted(valid - set(FIXED_OPTIONS))}"
-        )
+    refuse_unknown(set(options) - valid, valid - set(FIXED_OPTIONS),
+                   what="belayq_dramatiq belayq_options key")
     fixed = sorted(set(options) & set(FIXED_OPTIONS))
     if fixed:
         raise ConfigError(f"belayq_dramatiq sets {fixed} itself, to fit Dramatiq's lists")

@@ -9,7 +9,6 @@ value that cannot work, is refused when the transport is created, not ignored.
 
 from __future__ import annotations
 
-import difflib
 import numbers
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +17,7 @@ from kombu.transport import redis as _stock
 
 from belayq import QueueConfig
 from belayq.errors import ConfigError
+from belayq.option_names import unknown_option
 
 stock: Any = _stock  # kombu's annotations are partial; Any to mypy --strict
 
@@ -166,12 +166,7 @@ def check(options: Mapping[str, Any], *, kind: str = "single") -> None:
                 continue
             raise ValueError(f"belayq:// transport option {name!r}: {REFUSED[name]}")
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise ValueError(
-                f"unknown belayq:// transport option {name!r}{hint} "
-                f"(valid: {', '.join(sorted(known))})"
-            )
+            raise unknown_option(name, known, what="belayq:// transport option")
     for name in ("visibility_timeout", "sweep_interval", "stock_unacked_timeout", "blip_keep_max",
                  "revokes_keep", "wait_timeout"):
         _number(options, name, minimum=0.1)

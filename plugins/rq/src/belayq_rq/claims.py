@@ -14,6 +14,7 @@ from typing import Any
 from rq.job import Job
 
 from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue
+from belayq.option_names import refuse_unknown
 
 _ATTR = "_belayq_claim"
 #: Set by belayq_rq's workers while they dequeue and run maintenance (see :func:`driving`).
@@ -117,11 +118,8 @@ def core_options(lease_ms: Any, max_deliveries: Any, options: Any) -> dict[str, 
             f"belayq_options must be a mapping of belayq.QueueConfig fields, got {options!r}"
         )
     valid = {f.name for f in dataclasses.fields(QueueConfig)}
-    unknown = sorted(set(options) - valid)
-    if unknown:
-        raise ConfigError(
-            f"unknown belayq_options {unknown}; valid: {sorted(valid - _OWN - set(FIXED_OPTIONS))}"
-        )
+    refuse_unknown(set(options) - valid, valid - _OWN - set(FIXED_OPTIONS),
+                   what="belayq_rq belayq_options key")
     own = sorted(_OWN & set(options))
     if own:
         raise ConfigError(

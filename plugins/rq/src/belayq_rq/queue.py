@@ -9,8 +9,10 @@ inside the transaction that records the job's outcome.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
+import warnings
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -21,8 +23,9 @@ from rq.exceptions import DequeueTimeout, NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue as RQQueue
 
-from belayq import ConfigError, ConnectionLost, Delivery, ReliableQueue
+from belayq import ConfigError, ConnectionLost, Delivery, QueueConfig, ReliableQueue
 from belayq.claim_any import claim_any
+from belayq.option_names import misspells, refuse_misspelled, unknown_option
 
 from . import settle
 from .claims import Claim, attach, core_for, core_options, driven
@@ -39,6 +42,43 @@ _RQ_KEYWORDS = {
     p.name for p in inspect.signature(RQQueue.__init__).parameters.values()
     if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self"
 } | {"async"}
+#: belayq_rq.Queue's own keywords.
+_OWN_KEYWORDS = ("lease_ms", "max_deliveries", "belayq_options")
+#: belayq's queue options, which belayq_rq.Queue takes in ``belayq_options``.
+_CONFIG_FIELDS = {f.name for f in dataclasses.fields(QueueConfig)} - set(_OWN_KEYWORDS)
+
+
+def _check_keywords(owner: str, kwargs: Mapping[str, Any]) -> None:
+    """Refuse a keyword that is meant for belayq but misspelled or misplaced; warn about
+    one that neither RQ's Queue nor belayq_rq uses (RQ's Queue accepts and ignores it, so a
+    working app that passes one keeps working).
+
+    Raises:
+        UnknownOption: Naming the keyword and the valid ones.
+    """
+    unused = set(kwargs) - _RQ_KEYWORDS
+    what = "belayq_rq.Queue option"
+    more = "and RQ's Queue arguments"
+    for name in sorted(unused):
+        field = name if name in _CONFIG_FIELDS else misspells(name, _CONFIG_FIELDS)
+        if field is not None:
+            raise unknown_option(
+                name, _OWN_KEYWORDS, what=what, more=more,
+                hint=f"{field!r} is a belayq.QueueConfig field: pass it as "
+                f"belayq_options={{{field!r}: ...}}",
+            )
+    for name in refuse_misspelled(unused, _OWN_KEYWORDS, what=what, more=more):
+        warnings.warn(
+            f"{owner}() ignores the keyword {name!r}, as RQ's Queue does: neither uses it "
+            f"(RQ's Queue takes {', '.join(sorted(_RQ_KEYWORDS))}; belayq_rq adds "
+            f"{', '.join(_OWN_KEYWORDS)})",
+            IgnoredKeywordWarning,
+            stacklevel=3,
+        )
+
+
+class IgnoredKeywordWarning(UserWarning):
+    """A keyword given to :class:`Queue` that neither RQ's Queue nor belayq_rq uses."""
 
 
 class Queue(RQQueue):
@@ -72,19 +112,18 @@ class Queue(RQQueue):
     ) -> None:
         """RQ's Queue arguments, and belayq's options (see the class doc).
 
+        A keyword that RQ's Queue accepts and ignores, and belayq_rq ignores too (such as
+        ``result_ttl``, an option of ``enqueue``), is accepted with a warning, as the stock
+        class accepts it.
+
         Raises:
-            TypeError: A keyword that neither RQ's Queue nor belayq_rq takes (RQ's Queue
-                would silently ignore it).
+            UnknownOption: A keyword that misspells a belayq option (``lease_msec``), or a
+                :class:`belayq.QueueConfig` field given outside ``belayq_options``; it
+                names the keyword and lists the valid ones (a ``TypeError`` too).
             ConfigError: A belayq option that is unknown, set by belayq_rq itself, or out
                 of range.
         """
-        unknown = sorted(set(kwargs) - _RQ_KEYWORDS)
-        if unknown:
-            raise TypeError(
-                f"{type(self).__qualname__}() got unexpected keyword argument(s) {unknown}; "
-                f"it takes RQ's Queue arguments {sorted(_RQ_KEYWORDS)} and lease_ms, "
-                "max_deliveries, belayq_options"
-            )
+        _check_keywords(type(self).__qualname__, kwargs)
         extra = {} if belayq_options is None else belayq_options
         for given in (type(self).belayq_options, extra):
             if not isinstance(given, Mapping):

@@ -49,7 +49,6 @@ CACHE = ROOT / ".peer"
 _IQ = "tests/test_intermediate_queue.py::TestIntermediateQueue::"
 _TQ = "tests/test_queue.py::TestQueue::"
 _TW = "tests/test_worker.py::"
-_TR = "tests/test_results.py::TestResult::"
 _EQUIV = "test_queue_worker.py::test_dequeued_job_is_in_flight_until_its_outcome_is_recorded"
 EXPECTED: dict[str, str] = {
     _IQ + "test_get_job_ids": (
@@ -105,14 +104,6 @@ EXPECTED: dict[str, str] = {
     _TW + "TestRandomWorker::test_random_worker": (
         "RandomWorker: as RoundRobinWorker (use --dequeue-strategy random)"
     ),
-    _TR + "test_job_return_value_result_ttl_infinity": (
-        "builds Queue(result_ttl=-1), which stock RQ's Queue silently ignores (result_ttl "
-        "is an enqueue option); belayq_rq.Queue refuses a keyword it would ignore with "
-        "TypeError, by design; equivalent: test_queue_options.py::"
-        "test_a_misspelled_keyword_is_a_type_error_naming_it"
-    ),
-    _TR + "test_job_return_value_result_ttl_zero": "same, with Queue(result_ttl=0)",
-    _TR + "test_job_return_value_unserializable": "same, with Queue(result_ttl=0)",
 }
 
 # Only in --slow runs: test_spawn_worker's cold-shutdown test schedules a SIGTERM to the
