@@ -44,8 +44,8 @@ def test_core_imports_nothing_but_redis_and_the_stdlib() -> None:
     valkey-py's exception classes (errors.py, when valkey-py is installed: its clients are
     accepted as redis-py's are)."""
     allowed_stdlib = {
-        "__future__", "atexit", "bisect", "collections", "dataclasses", "functools", "hashlib",
-        "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",
+        "__future__", "atexit", "bisect", "collections", "dataclasses", "difflib", "functools",
+        "hashlib", "importlib", "logging", "os", "random", "re", "shutil", "socket", "subprocess",
         "tempfile", "threading", "time", "typing", "uuid", "weakref", "pathlib", "selectors",
         "contextlib", "itertools", "math", "sys", "errno", "argparse", "json", "urllib",
         "hmac", "base64", "ipaddress", "warnings", "signal", "ctypes", "types", "contextvars",
