@@ -56,6 +56,9 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
                 assert s.name[len(family.name):] in ("_bucket", "_sum", "_count", "_created"), s
                 samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
                 continue
+            if family.name == "belayq_eviction_possible":  # the server's, not a queue's
+                assert set(s.labels) == {"policy", "evicts"}, s
+                continue
             assert set(s.labels) <= {"kind", "queue", "priority"}, s
             if family.type == "counter":
                 assert s.name == family.name + "_total" or s.name.endswith("_created"), s

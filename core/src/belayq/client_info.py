@@ -121,15 +121,17 @@ def warn_if_evicting(client: Any) -> None:
     """Warn (:class:`~belayq.errors.EvictionRiskWarning`) when a server the client reaches
     may evict keys that have no TTL. Called once per client, when its first queue connects.
     """
+    from .eviction import PAGE, docs_url  # it reads this module's eviction_policies
+
     risky = sorted({p for p in eviction_policies(client) if p in EVICTING_POLICIES})
     if risky:
         warnings.warn(
             f"Redis maxmemory-policy is {', '.join(risky)}: under memory pressure Redis will "
             "delete keys that have no TTL, and belayq's queue keys (ready, in flight, dead "
             "messages) have none, so messages can vanish without an error. Set "
-            "maxmemory-policy to noeviction (or a volatile-* policy; on a managed service, "
-            "in its parameter group / configuration), so a full server refuses writes "
-            "instead. See docs/managed-redis.md.",
+            "maxmemory-policy to noeviction (on a managed service, in its parameter "
+            "group / configuration), so a full server refuses writes "
+            f"instead. See {docs_url()}{PAGE}",
             EvictionRiskWarning,
             stacklevel=5,
         )

@@ -25,6 +25,8 @@ belayq queue of the same name are two series; ``priority`` on ``belayq_ready``):
   renewed, against the queue's own recorded lease (about the keeper's period while every
   holder lives; near the lease when one stopped renewing). A queue whose lease nobody
   recorded (one only its framework knows) has no lease age.
+* ``belayq_eviction_possible{policy, evicts}``: the server's, not a queue's: 1 when its
+  ``maxmemory-policy`` may delete queue data (:mod:`belayq.eviction`), else 0.
 * histograms: ``belayq_queue_wait_seconds`` (publish -> first claim) and
   ``belayq_run_seconds`` (claim -> ack), observed by the consumers
   (:mod:`belayq.observing`).
@@ -40,6 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from . import eviction
 from .blocking import node_client
 from .errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from .kinds import tools_for
@@ -168,6 +171,25 @@ def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], Any]]:
         yield family, labels, read_histogram(observed, histogram)
 
 
+def _eviction_gauge(family: Any, clients: list[Any]) -> Any:
+    """``belayq_eviction_possible``, by policy, of each server (read at this scrape)."""
+    gauge = family("belayq_eviction_possible", "1 when the server's maxmemory-policy may "
+                   "delete queue data (allkeys-*: any key; volatile-*: keys with a TTL), "
+                   "else 0", labels=["policy", "evicts"])
+    seen: dict[int, Any] = {id(c): c for c in clients}
+    for client in seen.values():
+        told = eviction.policies(client)
+        found = eviction.judge(told)
+        if not told:  # the server will not say: no sample rather than a guess
+            continue
+        if found is None:
+            gauge.add_metric(["noeviction", "nothing"], 0.0)
+        else:
+            gauge.add_metric([found.policy, "any key" if found.any_key else "keys with a TTL"],
+                             1.0)
+    return gauge
+
+
 class QueueCollector:
     """A prometheus_client collector of the queues ``queues()`` returns at each scrape.
 
@@ -175,8 +197,11 @@ class QueueCollector:
     that cannot be opened, or read, is left out of the scrape with a warning in the log,
     and the other queues are still exported)."""
 
-    def __init__(self, queues: Callable[[], Iterable[AnyQueue | Callable[[], AnyQueue]]]) -> None:
+    def __init__(self, queues: Callable[[], Iterable[AnyQueue | Callable[[], AnyQueue]]], *,
+                 client: Any = None) -> None:
         self.queues = queues
+        #: The server whose eviction policy is exported (default: the queues' servers).
+        self.client = client
 
     def _each(self) -> list[AnyQueue]:
         """The queues of this scrape, each (kind, name) once."""
@@ -222,7 +247,12 @@ class QueueCollector:
             name: HistogramMetricFamily(f"belayq_{name}", help_text, labels=LABELS)
             for name, _, help_text in HISTOGRAM_FAMILIES
         }
-        for q in self._each():
+        from .sharded import parts_of
+
+        queues = self._each()
+        yield _eviction_gauge(GaugeMetricFamily, [self.client] if self.client is not None
+                              else [parts_of(q)[0].client for q in queues])
+        for q in queues:
             try:
                 samples = list(_samples(q))
             except ConnectionLost:

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from .. import kinds
+from .. import eviction, kinds
 from ..discovery import Found, NoQueue, open_found
 from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors, NotPermitted
 from ..sharded import ShardedQueue
@@ -47,7 +47,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "demo":
             return cmd_demo(args)
         client = connect(args.url)
-        return COMMANDS[args.command](client, args)
+        args.eviction = eviction.warning(client)  # read once per run, never kept
+        if args.command in SERVING:
+            _evictable(args)
+        code = COMMANDS[args.command](client, args)
+        if args.command not in (*SERVING, "watch"):  # each frame of watch reads it again
+            _evictable(args)
+        return code
     except (CliError, ConfigError) as exc:
         if isinstance(exc, (NoQueue, NotPermitted)):  # what the server holds or allows
             exc = CliError(explain(exc, args.url))
@@ -62,6 +68,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return DONE
     except KeyboardInterrupt:
         return INTERRUPTED
+
+
+#: The commands that serve until interrupted: the eviction line comes first.
+SERVING = ("exporter", "dashboard")
+
+
+def _evictable(args: argparse.Namespace) -> None:
+    """The line that says the server may evict queue data, when it may: after the output
+    (first, for a command that serves until interrupted); on stderr for ``queues`` and for
+    JSON output."""
+    if args.eviction:
+        to_stderr = args.command == "queues" or getattr(args, "json", False)
+        print(args.eviction, file=sys.stderr if to_stderr else sys.stdout, flush=True)
 
 
 def _say(args: argparse.Namespace, *lines: str | None) -> None:
@@ -300,14 +319,18 @@ def cmd_watch(client: redis.Redis, args: argparse.Namespace) -> int:
     shown = 0
     while True:
         rows = _rows(client, args)
+        note = eviction.warning(client) if shown else args.eviction
         if args.json:
-            print(json.dumps({"time": time.time(), "queues": rows}), flush=True)
+            print(json.dumps({"time": time.time(), "queues": rows, "eviction": note}),
+                  flush=True)
         else:
             if sys.stdout.isatty():
                 print("\033[2J\033[H", end="")
             print(time.strftime("%H:%M:%S"), f"every {args.interval:g} s (Ctrl-C to end)")
-            print(views.table(rows, views.queue_columns(rows)) if rows else _no_queues(args),
-                  flush=True)
+            print(views.table(rows, views.queue_columns(rows)) if rows else _no_queues(args))
+            if note:
+                print(note)
+            sys.stdout.flush()
         shown += 1
         if args.count and shown >= args.count:
             return DONE

@@ -43,7 +43,7 @@ def cmd_exporter(client: redis.Redis, args: argparse.Namespace) -> int:
 
     found_names(client, args)  # an unknown queue is an error now, not at the first scrape
     _listen_check(args.host, args.port)
-    REGISTRY.register(QueueCollector(openers))
+    REGISTRY.register(QueueCollector(openers, client=client))
     start_http_server(args.port, addr=args.host)
     print(f"belayq exporter on http://{args.host}:{args.port}/metrics", flush=True)
     while True:

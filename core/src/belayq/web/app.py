@@ -32,7 +32,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import kinds, rollups
+from .. import eviction, kinds, rollups
 from ..cli import views
 from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
@@ -133,7 +133,8 @@ class Dashboard:
                 rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
                              "error": f"{type(exc).__name__}: {exc}"})
         rows = console.overview_rows(items, self.rates) + rows
-        return {"queues": rows, "demo": self.demo.state() if self.demo else None}
+        return {"queues": rows, "demo": self.demo.state() if self.demo else None,
+                "eviction": eviction.warning(self.client)}
 
     def search(self, message_id: str) -> list[dict[str, Any]]:
         return console.search([self.queue(f.kind, f.name) for f in self.found()], message_id)

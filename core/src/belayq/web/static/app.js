@@ -192,6 +192,17 @@ document.addEventListener("keydown", (e) => {
   }
 });
 
+// -- the server's eviction policy ---------------------------------------------------------
+
+/** The banner that says queue data can vanish (the server's words; its link made live). */
+function renderEviction(text) {
+  const banner = $("eviction-banner");
+  banner.hidden = !text;
+  if (!text) return;
+  banner.innerHTML = esc(text).replace(/https?:\/\/[^\s<]+/g, (url) =>
+    `<a href="${url}" rel="noreferrer" target="_blank">${url}</a>`);
+}
+
 // -- the refresh -------------------------------------------------------------------------
 
 let timer = null;
@@ -201,6 +212,7 @@ async function load() {
   const r = route();
   const o = await api("/api/overview");
   lastOverview = o;
+  renderEviction(o.eviction);
   renderDemo(o.demo);
   if (r.view === "overview") {
     renderOverview(o);
