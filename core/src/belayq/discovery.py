@@ -131,23 +131,24 @@ def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq") -> 
     return hits[0]
 
 
-def open_found(
-    client: Any, found: Found, prefix: str = "belayq", *, keeping: bool = False
-) -> AnyQueue:
+def open_found(client: Any, found: Found, prefix: str = "belayq") -> AnyQueue:
     """The queue, opened as recorded, without a lease keeper and writing nothing (tools
-    claim nothing). A queue without a record is opened with its framework's layout and
-    belayq's default limits: show it, purge it, never sweep it (see :attr:`Found.recorded`).
-    With ``keeping``, also with what its processes keep beside its messages, as recorded
-    (the history, the events): for a tool whose action the queue records (a pause)."""
+    claim nothing): its layout, its limits, its bell, and what its processes keep beside
+    its messages (the history, the events), so that what a tool's action writes (a sweep's
+    dead letters, a pause) is what the queue's own processes would write. A queue without a
+    record is opened with its framework's layout and belayq's default limits: show it,
+    purge it, never sweep it (see :attr:`Found.recorded`).
+
+    Open it again for each request: a tool that kept the queue would apply the record as
+    it stood then."""
     rec = found.record
     if rec is None:
         options = layout_of(found.kind, found.name, prefix)
         shards = recorded_shards(client, found.name, prefix) if found.kind == "belayq" else 1
     else:
         options = rec.options()
-        if keeping:
-            options.update({f: getattr(rec, f) for f in KEPT_FIELDS
-                            if getattr(rec, f) is not None})
+        options.update({f: getattr(rec, f) for f in KEPT_FIELDS
+                        if getattr(rec, f) is not None})
         if rec.ready_key is None:
             options["prefix"] = prefix
         shards = rec.shards

@@ -18,7 +18,7 @@ from .targets import CliError, open_named
 
 
 def cmd_pause(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = open_named(client, args, keeping=True)  # recorded in its history, as its own are
+    found, q = open_named(client, args)  # recorded in its history, as its own are
     changed = q.pause(_by())
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, "paused": True,
@@ -32,7 +32,7 @@ def cmd_pause(client: redis.Redis, args: argparse.Namespace) -> int:
 
 
 def cmd_resume(client: redis.Redis, args: argparse.Namespace) -> int:
-    found, q = open_named(client, args, keeping=True)
+    found, q = open_named(client, args)
     changed = q.resume(_by())
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, "paused": False,

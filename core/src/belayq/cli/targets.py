@@ -201,10 +201,8 @@ def found_names(client: redis.Redis, args: argparse.Namespace) -> list[Found]:
             or list_queues(client, args.prefix, kind_filter(args.kind)))
 
 
-def open_named(
-    client: redis.Redis, args: argparse.Namespace, *, keeping: bool = False
-) -> tuple[Found, AnyQueue]:
+def open_named(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
     """The queue ``args.queue`` of ``args.kind`` as recorded (refused when no registry or
     framework knows it: :class:`~belayq.discovery.NoQueue`), and how it was found."""
     found = find(client, args.queue, args.kind, prefix=args.prefix)
-    return found, open_found(client, found, prefix=args.prefix, keeping=keeping)
+    return found, open_found(client, found, prefix=args.prefix)

@@ -15,11 +15,12 @@ a few small commands per queue. It can replay, sweep and purge, hence the guard:
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import ipaddress
 import json
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
 from ..errors import CLIENT_ERROR, BelayqError, ConfigError, ConnectionLost, Errors
 from ..kinds import console_for
+from ..registry import QueueRecord, Registry
 from ..sharded import AnyQueue
 from . import console
 from .demo import DemoPool, PoolSettings
@@ -74,8 +76,8 @@ def is_loopback(host: str) -> bool:
 
 
 class Dashboard:
-    """What the API reads and does: the queues named (or every queue found), each opened
-    once, as recorded."""
+    """What the API reads and does: the queues named (or every queue found), each as its
+    record stands at the request."""
 
     def __init__(self, client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "auto",
                  prefix: str = "belayq", demo: DemoPool | None = None) -> None:
@@ -102,31 +104,46 @@ class Dashboard:
             self._found = (now, found)
         return self._found[1]
 
-    def queue(self, kind: str, name: str) -> tuple[Found, AnyQueue]:
-        """The queue ``name`` of ``kind`` among those shown.
+    def queue(self, kind: str, name: str,
+              records: Mapping[tuple[str, str], QueueRecord] | None = None
+              ) -> tuple[Found, AnyQueue]:
+        """The queue ``name`` of ``kind`` among those shown, as its record stands now (read
+        again, or taken from ``records``, read once for a whole page): the queue is opened
+        again whenever its record changed, so every request applies the limits, the bell,
+        the history and the events recorded at that moment.
 
         Raises:
             LookupError: No such queue is shown.
         """
         key = (kind, name)
-        if key not in self._open:
+        hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
+        if hit is None:
+            self._found = None  # perhaps created since the last look
             hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
-            if hit is None:
-                self._found = None  # perhaps created since the last look
-                hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
-            if hit is None:
-                raise LookupError(f"no queue {name!r} of kind {kind} here")
-            if self.demo is not None:
-                self._open[key] = (hit, self.demo.producer)
-            else:
-                self._open[key] = (hit, open_found(self.client, hit, prefix=self.prefix))
-        return self._open[key]
+        if hit is None:
+            raise LookupError(f"no queue {name!r} of kind {kind} here")
+        if self.demo is not None:
+            return hit, self.demo.producer
+        now = (records.get(key) if records is not None
+               else Registry(self.client, self.prefix).get(kind, name))
+        hit = dataclasses.replace(hit, record=now)
+        held = self._open.get(key)
+        if held is None or held[0] != hit:
+            held = self._open[key] = (hit, open_found(self.client, hit, prefix=self.prefix))
+        return held
+
+    def records(self) -> dict[tuple[str, str], QueueRecord] | None:
+        """Every queue's record as it stands now: one read of the registry for a page."""
+        if self.demo is not None:
+            return None
+        return {(r.kind, r.name): r for r in Registry(self.client, self.prefix).all()}
 
     def overview(self) -> dict[str, Any]:
         items, rows = [], []
+        records = self.records()
         for f in self.found():
             try:
-                items.append(self.queue(f.kind, f.name))
+                items.append(self.queue(f.kind, f.name, records))
             except ConnectionLost:
                 raise
             except _SHOWN as exc:  # one that cannot be opened is a line with its error
@@ -137,7 +154,9 @@ class Dashboard:
                 "eviction": eviction.warning(self.client)}
 
     def search(self, message_id: str) -> list[dict[str, Any]]:
-        return console.search([self.queue(f.kind, f.name) for f in self.found()], message_id)
+        records = self.records()
+        return console.search([self.queue(f.kind, f.name, records) for f in self.found()],
+                              message_id)
 
     def detail(self, found: Found, q: AnyQueue) -> dict[str, Any]:
         hung = set(self.demo.hung) if self.demo else set()
@@ -155,20 +174,13 @@ class Dashboard:
             "dead": views.dead(q, SHOWN),
             "completed": [_record(h) for h in q.history("done", SHOWN)],
             "failed": [_record(h) for h in q.history("failed", SHOWN)],
-            "history_max": _history_max(found, q),
+            "history_max": q.config.history_max,  # as recorded
             "framework_failed": console.failed(q, SHOWN),
             "per_minute": rollups.history(q),
             "actions": console.actions(q, SHOWN),
             "consumers": [{"holder": h, "leases": n} for h, n in sorted(
                 q.holders(HOLDERS_READ).items(), key=lambda item: -item[1])],
         }  # fmt: skip
-
-
-def _history_max(found: Found, q: AnyQueue) -> int:
-    """How many finished messages of each outcome the queue's processes keep: as they
-    recorded it (the dashboard opens a queue keeping none itself)."""
-    kept = found.record.history_max if found.record is not None else None
-    return kept if kept is not None else q.config.history_max
 
 
 def _record(h: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ from ..admin import parse_meta, stats_of
 from ..blocking import node_client
 from ..cli import views
 from ..discovery import Found
-from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
+from ..errors import CLIENT_ERROR, RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import console_for
 from ..metrics import (
     oldest_lease_age_s,
@@ -32,8 +33,12 @@ from ..models import text as _text
 from ..queue import ReliableQueue
 from ..sharded import AnyQueue, parts_of
 
+log = logging.getLogger("belayq")
+
 #: The errors of a queue that cannot be read: its line says so.
 _SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
+#: The errors of a write to the action log after its action was done: a warning.
+_LOG_ERRORS: Errors = (*CLIENT_ERROR, BelayqError)
 #: Actions kept in a queue's log (newest first).
 ACTIONS_KEPT = 200
 #: Entries of each ready list a detail looks through for a message known by its digest.
@@ -345,15 +350,24 @@ def search(queues: Sequence[tuple[Found, AnyQueue]], message_id: str) -> list[di
 # -- the log of actions ------------------------------------------------------------------
 
 
-def record(q: AnyQueue, action: str, detail: dict[str, Any], by: str) -> None:
-    """Add what an operator did to the queue's log (the newest :data:`ACTIONS_KEPT`)."""
+def record(q: AnyQueue, action: str, detail: dict[str, Any], by: str) -> bool:
+    """Add what an operator did to the queue's log (the newest :data:`ACTIONS_KEPT`), after
+    the action was done. The log is best-effort: a write the server refuses (a full server
+    under ``noeviction``) or that is lost is a warning in this process's log, never an error
+    of the action, which is done. Returns whether the entry was written."""
     first = parts_of(q)[0]
-    entry = json.dumps({"ms": server_ms(first), "action": action, "by": by, **detail},
-                       separators=(",", ":"), default=str)
-    pipe = first.client.pipeline(transaction=False)
-    pipe.lpush(first.keys.actions, entry)
-    pipe.ltrim(first.keys.actions, 0, ACTIONS_KEPT - 1)
-    pipe.execute()
+    try:
+        entry = json.dumps({"ms": server_ms(first), "action": action, "by": by, **detail},
+                           separators=(",", ":"), default=str)
+        pipe = first.client.pipeline(transaction=False)
+        pipe.lpush(first.keys.actions, entry)
+        pipe.ltrim(first.keys.actions, 0, ACTIONS_KEPT - 1)
+        pipe.execute()
+    except _LOG_ERRORS as exc:
+        log.warning("queue %r (%s): the %s by %s was done, but its entry in the queue's "
+                    "action log was not written: %s", q.name, q.kind, action, by, exc)
+        return False
+    return True
 
 
 def actions(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
