@@ -50,6 +50,7 @@ from .away import SERVER_AWAY as _SERVER_AWAY
 from .away import SkipsBookkeepingWhileAway, skipped_if_away
 from .claims import claim_of, driving
 from .maintenance import spare_requeued
+from .pubsub import StopsItsPubSub
 from .queue import Queue
 from .scheduler import StopsItsScheduler
 
@@ -127,7 +128,7 @@ def _client_info_resolved(client: Any) -> None:
     kwargs["driver_info"] = DriverInfo()
 
 
-class BelayqWorkerMixin(SkipsBookkeepingWhileAway, StopsItsScheduler):
+class BelayqWorkerMixin(SkipsBookkeepingWhileAway, StopsItsScheduler, StopsItsPubSub):
     """The belayq parts of :class:`Worker` and :class:`SimpleWorker` (see the module doc)."""
 
     queue_class = Queue
