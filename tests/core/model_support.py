@@ -352,9 +352,13 @@ class Model:
         self, rid: str, header: list[str | None], out: list[Delivered], nonce: str
     ) -> None:
         """The memo keeps the header, the nonce and the ids: a delivery's token is the
-        nonce and its position in the reply, its counts are in its record."""
+        nonce stamped with the claim's time (``<nonce>@<ms>.``, which the model does not
+        predict: it is read off the first token) and its position in the reply, its counts
+        are in its record."""
         if out:
-            self.memo_put("r:" + rid, [*header, nonce] + [d[0] for d in out], 0)
+            stamped = out[0][2].rstrip("0123456789")
+            assert stamped.startswith(nonce + "@"), (nonce, out[0][2])
+            self.memo_put("r:" + rid, [*header, stamped] + [d[0] for d in out], 0)
 
     def replay_claim(
         self, kept: list[str], header: int, starts: bool

@@ -10,7 +10,15 @@ import pytest
 
 from belayq import ShardedQueue, rollups
 from belayq import holding as holding_module
-from belayq.rollups import COUNTERS, KEEP_MINUTES, MINUTE_MS, history, record_minute
+from belayq.rollups import (
+    COUNTERS,
+    KEEP_MINUTES,
+    MINUTE_MS,
+    PER_MINUTE,
+    SNAPSHOT,
+    history,
+    record_minute,
+)
 from tests.support import wait_for
 
 
@@ -40,7 +48,7 @@ def test_one_snapshot_per_minute_whoever_writes(r: Any, make_queue: Any) -> None
 
 def test_an_idle_queue_writes_nothing(r: Any, make_queue: Any) -> None:
     q = make_queue(r)
-    assert record_minute(q, None) == (0,) * len(COUNTERS)
+    assert record_minute(q, None) == (0,) * len(SNAPSHOT)
     assert r.exists(q.keys.rollups, q.keys.stats) == 0  # no key created
     q.publish(b"a")
     seen = record_minute(q, None)
@@ -70,7 +78,7 @@ def test_counts_per_minute_spread_over_gaps_and_summed_over_shards(r: Any) -> No
         assert rows == {1: 60, 2: 10, 3: 10, 4: 30}
         assert {row["t"] // MINUTE_MS - base: row["acked"] for row in history(q, 2)} == {
             3: 10, 4: 30}
-        assert all(set(row) == {"t", *COUNTERS} for row in history(q))
+        assert all(set(row) == {"t", *PER_MINUTE} for row in history(q))
     finally:
         q.close(release=False)
 

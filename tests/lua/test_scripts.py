@@ -261,14 +261,22 @@ class TestClaim:
         got = q.claim(timeout=0, count=5)
         assert [d.id for d in got] == ids and [d.payload for d in got] == [b"1", b"2", b"3"]
 
-    def test_tokens_are_the_nonce_plus_a_sequence(self, q: ReliableQueue) -> None:
+    def test_tokens_are_the_nonce_the_claim_time_and_a_sequence(
+        self, q: ReliableQueue
+    ) -> None:
         q.publish_many([b"1", b"2", b"3"])
         args = q._claim_args(3)
         nonce = str(args[4])
+        seconds, micros = q.client.time()
+        before = int(seconds) * 1000 + int(micros) // 1000
         reply = q._scripts.run("claim", *args)
+        seconds, micros = q.client.time()
+        after = int(seconds) * 1000 + int(micros) // 1000
         tokens = [t.decode() for t in reply[3::5]]
-        assert len(set(tokens)) == 3 and all(t.startswith(nonce) for t in tokens)
-        assert all(t[len(nonce) :].isdigit() for t in tokens)
+        assert len(set(tokens)) == 3 and all(t.startswith(nonce + "@") for t in tokens)
+        for t in tokens:
+            claimed, dot, position = t[len(nonce) + 1 :].partition(".")
+            assert dot and position.isdigit() and before <= int(claimed) <= after
 
     def test_tokens_are_fresh_per_claim(self, q: ReliableQueue) -> None:
         q.publish(b"a")

@@ -41,7 +41,7 @@ def test_the_overview_rates_and_ages(client: redis.Redis, served: Any) -> None:
         assert first["in_per_min"] is None  # one look: no rate yet
         assert (first["ready"], first["in_flight"], first["failed"]) == (2, 1, None)
         assert first["oldest_ready_s"] is not None and first["oldest_ready_s"] >= 0
-        assert first["oldest_lease_s"] is not None and first["oldest_lease_s"] < 5
+        assert first["running_for_s"] is not None and first["running_for_s"] < 5
         q.publish_many([b"d"] * 6)
         q.ack(held)
         time.sleep(1)

@@ -41,7 +41,10 @@ class KindTools(Protocol):
         soonest first: ``id``, ``due_in_s`` and what describes the message."""
         ...
 
-    # Read by the metrics when present:
+    # Read by the numbers every tool shows (belayq.readmodel) when present:
+    # framework_counts(queue) -> dict: ``delayed``, the messages the framework holds back
+    #     itself (RQ's scheduled jobs), and ``failed``, the failed jobs it keeps (None for
+    #     none); without it, ``failed`` is failed_count(queue) when present;
     # published_ms(queue, entry: bytes) -> float | None: when the ready list's entry was
     #     published (ms since the epoch), from what the framework keeps (one small read);
     # failed_count(queue) -> int: the size of the framework's own failed registry

@@ -12,15 +12,22 @@ named). A scrape costs one stats script and a few small reads per queue: O(queue
 O(messages).
 
 Metrics (labels ``kind`` and ``queue``: a queue is named by both, so a Celery queue and a
-belayq queue of the same name are two series; ``priority`` on ``belayq_ready``):
+belayq queue of the same name are two series; ``priority`` on ``belayq_ready``). The sizes,
+ages and the framework's numbers are those ``belayq queues`` and the dashboard show, read by
+one function (:mod:`belayq.readmodel`):
 
 * counters (``_total``): published, claimed, acked, nacked, reclaimed, adopted,
-  dead_lettered, stale_acks, lost_claims, failed (runs the framework reported failed);
-* gauges: ``belayq_ready``, ``belayq_in_flight``, ``belayq_delayed``, ``belayq_dead``;
-  ``belayq_oldest_ready_age_seconds`` (when the oldest entry tells its publish time:
-  belayq's ids, kombu envelopes belayq:// stamped, an RQ job's ``enqueued_at`` through the
-  kind's tools); ``belayq_consumers`` (consumers holding leases);
-  ``belayq_framework_failed`` (RQ's FailedJobRegistry, through the kind's tools);
+  dead_lettered, stale_acks, lost_claims, failed (runs the framework reported failed), and
+  out (messages that left the queue finished: acked or dead-lettered, each once);
+* gauges: ``belayq_ready`` (by priority level: the levels that hold messages, and the
+  first, so a queue whose messages carry no priority has one series), ``belayq_in_flight``,
+  ``belayq_delayed`` (belayq's delayed set and what the framework holds back itself: RQ's
+  scheduled jobs), ``belayq_dead``; ``belayq_oldest_ready_age_seconds`` (when the oldest
+  entry tells its publish time: belayq's ids, kombu envelopes belayq:// stamped, an RQ
+  job's ``enqueued_at``, a Dramatiq message's timestamp); ``belayq_running_for_seconds``
+  (how long the longest-running claim has run, since its claim); ``belayq_consumers``
+  (consumers holding leases); ``belayq_framework_failed`` (the failed jobs the framework
+  keeps: RQ's FailedJobRegistry, the failed runs recorded for Celery and Dramatiq);
   ``belayq_oldest_lease_age_seconds``: the time since the least recently renewed lease was
   renewed, against the queue's own recorded lease (about the keeper's period while every
   holder lives; near the lease when one stopped renewing). A queue whose lease nobody
@@ -36,18 +43,16 @@ One series per queue and state: a queue handed to the collector twice is counted
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import eviction
+from . import eviction, readmodel
 from .blocking import node_client
 from .errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
-from .kinds import tools_for
-from .models import text as _text
-from .observing import PUBLISHED_PROPERTY, published_ms_of, read_histogram, read_observed
+from .observing import read_histogram, read_observed
+from .readmodel import published_ms_of_entry
 
 #: The errors of a queue that cannot be read: it is left out of the scrape, and logged.
 _SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
@@ -88,24 +93,6 @@ def oldest_ready_age_s(q: ReliableQueue, now_ms: int) -> float | None:
     return max(0.0, (now_ms - min(heads)) / 1000) if heads else None
 
 
-def published_ms_of_entry(q: ReliableQueue, entry: bytes) -> float | None:
-    """When a ready list's entry was published (ms since the epoch), if anything tells: a
-    core-chosen id; a kombu envelope belayq:// stamped; the framework's own record, through
-    its adapter's tools (RQ's job hash, Dramatiq's body)."""
-    if not q.config.payload_in_list:
-        found = published_ms_of(_text(entry))
-        if found is not None:
-            return found
-    elif entry.startswith(b"{"):
-        try:
-            props = json.loads(entry).get("properties")
-            return float(props[PUBLISHED_PROPERTY])
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None
-    of = getattr(tools_for(q.kind), "published_ms", None)
-    return of(q, entry) if of is not None else None
-
-
 def consumers(q: ReliableQueue, now_ms: int) -> int:
     """The consumers holding leases: those registered within a lease (at a claim, or at a
     lease keeper beat while they hold leases: see :mod:`belayq.observing`); O(log n)."""
@@ -139,34 +126,47 @@ def _opened(item: AnyQueue | Callable[[], AnyQueue]) -> AnyQueue | None:
         return None
 
 
+def ready_by_priority(q: AnyQueue) -> list[tuple[int, int]]:
+    """(priority step, messages waiting) of the levels that hold messages, and of the first
+    level always (an empty queue reads 0): a queue whose messages carry no priority exports
+    one series, not one per level it could use."""
+    steps = q.config.priority_steps
+    counts = q.ready_by_level()
+    return [(step, n) for i, (step, n) in enumerate(zip(steps, counts, strict=True))
+            if n or i == 0]
+
+
 def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], Any]]:
-    """(family, labels, value) of every series of one queue."""
+    """(family, labels, value) of every series of one queue; the sizes, ages and the
+    framework's numbers are those every tool shows (:mod:`belayq.readmodel`)."""
     from .sharded import parts_of
 
     labels = [q.kind, q.name]
     stats = q.stats()
+    counts = readmodel.read(q)
     observed: Counter[str] = Counter()
     for p in parts_of(q):
         observed.update(read_observed(p.client, p.keys))
     for name in COUNTERS:  # published: also what consumers counted (RQ's producers' jobs)
         yield name, labels, float(stats.get(name, 0) + observed.get(name, 0))
-    for step, count in zip(q.config.priority_steps, q.ready_by_level(), strict=True):
+    yield "out", labels, float(counts["out"])
+    for step, count in ready_by_priority(q):
         yield "ready", [*labels, str(step)], float(count)
     for name in ("in_flight", "delayed", "dead"):
-        yield name, labels, float(stats[name])
-    yield "paused", labels, float(stats.get("paused", 0))
-    ages_of = [("oldest_ready_age_seconds", oldest_ready_age_s)]
-    if q.limits_known:
-        ages_of.append(("oldest_lease_age_seconds", oldest_lease_age_s))
+        yield name, labels, float(counts[name])
+    yield "paused", labels, float(counts["paused"])
+    if counts["oldest_ready_s"] is not None:
+        yield "oldest_ready_age_seconds", labels, float(counts["oldest_ready_s"])
+    if counts["running_for_s"] is not None:
+        yield "running_for_seconds", labels, float(counts["running_for_s"])
     parts = [(p, server_ms(p)) for p in parts_of(q)]
-    for name, of in ages_of:
-        ages = [age for p, now in parts if (age := of(p, now)) is not None]
+    if q.limits_known:
+        ages = [age for p, now in parts if (age := oldest_lease_age_s(p, now)) is not None]
         if ages:  # the oldest over a sharded queue's shards
-            yield name, labels, max(ages)
+            yield "oldest_lease_age_seconds", labels, max(ages)
     yield "consumers", labels, float(sum(consumers(p, now) for p, now in parts))
-    failed_count = getattr(tools_for(q.kind), "failed_count", None)
-    if failed_count is not None:
-        yield "framework_failed", labels, float(failed_count(q))
+    if counts["failed"] is not None:
+        yield "framework_failed", labels, float(counts["failed"])
     for family, histogram, _ in HISTOGRAM_FAMILIES:
         yield family, labels, read_histogram(observed, histogram)
 
@@ -227,7 +227,11 @@ class QueueCollector:
                                       labels=LABELS)
             for name in COUNTERS
         }
-        ready = GaugeMetricFamily("belayq_ready", "Messages waiting, by priority level",
+        counters["out"] = CounterMetricFamily(
+            "belayq_out", "Messages that left the queue finished (acked or dead-lettered)",
+            labels=LABELS)
+        ready = GaugeMetricFamily("belayq_ready", "Messages waiting, by priority level "
+                                  "(the levels that hold messages, and the first)",
                                   labels=[*LABELS, "priority"])
         gauges = {
             name: GaugeMetricFamily(f"belayq_{name}", help_text, labels=LABELS)
@@ -240,7 +244,11 @@ class QueueCollector:
                 ("oldest_lease_age_seconds",
                  "Time since the least recently renewed lease was renewed"),
                 ("consumers", "Consumers holding leases"),
-                ("framework_failed", "Jobs in the framework's failed registry (RQ's)"),
+                ("running_for_seconds",
+                 "How long the longest-running claim has run (since its claim)"),
+                ("framework_failed",
+                 "Failed jobs the framework keeps: RQ's FailedJobRegistry, the failed runs "
+                 "recorded for Celery and Dramatiq"),
             )
         }
         histograms = {

@@ -28,9 +28,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("belayq")
 
-#: The counters kept each minute, in the order a snapshot stores them.
+#: The counters of the stats hash kept each minute, in the order a snapshot stores them.
 COUNTERS = ("published", "claimed", "acked", "nacked", "reclaimed", "adopted",
             "dead_lettered", "stale_acks")
+#: The counters of the observed hash (:mod:`belayq.observing`) a snapshot stores after
+#: them: the runs the framework reported failed, and the messages its own producers
+#: published (counted at their first claim).
+OBSERVED = ("failed", "published")
+#: Everything a snapshot stores, in order (a snapshot written before the observed counters
+#: were kept has the first ones only: the others read 0).
+SNAPSHOT = (*COUNTERS, "failed", "published_seen")
+#: What :func:`history` answers for each minute, besides ``t``: the counters (``published``
+#: counts both kinds of publish), ``failed`` (failed runs) and ``completed`` (runs that did
+#: not fail: acked, less the failed runs a framework acks as Celery and RQ do).
+PER_MINUTE = (*COUNTERS, "failed", "completed")
 #: Minutes kept (a day).
 KEEP_MINUTES = 1440
 #: A snapshot hash holding this many minutes more than it keeps is trimmed.
@@ -59,8 +70,9 @@ def record_minute(q: ReliableQueue, last: tuple[int, ...] | None) -> tuple[int, 
         pipe = node_client(q).pipeline(transaction=False)
         pipe.time()
         pipe.hmget(q.keys.stats, list(COUNTERS))
-        (seconds, micros), values = pipe.execute()
-        counters = _counters(values)
+        pipe.hmget(q.keys.observed, list(OBSERVED))
+        (seconds, micros), values, seen = pipe.execute()
+        counters = _counters([*values, *seen])
         if counters == last or not any(counters):
             return counters
         minute = (int(seconds) * 1000 + int(micros) // 1000) // MINUTE_MS
@@ -86,17 +98,22 @@ def record_minute(q: ReliableQueue, last: tuple[int, ...] | None) -> tuple[int, 
 
 def history(q: AnyQueue, minutes: int = KEEP_MINUTES) -> list[dict[str, int]]:
     """The counts per minute over the last ``minutes`` with snapshots (over every shard of a
-    sharded queue): ``t`` (the minute's start, ms since the epoch) and, for each counter,
-    how many it counted in that minute. Minutes before the first snapshot are left out."""
+    sharded queue): ``t`` (the minute's start, ms since the epoch) and, for each of
+    :data:`PER_MINUTE`, how many it counted in that minute. Minutes before the first snapshot
+    are left out."""
     totals: dict[int, dict[str, float]] = {}
     parts: tuple[ReliableQueue, ...] = getattr(q, "shards", None) or (q,)  # type: ignore[assignment]
     for part in parts:
         for minute, counts in _per_minute(part, minutes).items():
-            row = totals.setdefault(minute, dict.fromkeys(COUNTERS, 0.0))
+            row = totals.setdefault(minute, dict.fromkeys(SNAPSHOT, 0.0))
             for name, value in counts.items():
                 row[name] += value
-    return [{"t": minute * MINUTE_MS, **{n: round(v) for n, v in row.items()}}
-            for minute, row in sorted(totals.items())]
+    out = []
+    for minute, row in sorted(totals.items()):
+        row["published"] += row.pop("published_seen")
+        row["completed"] = max(0.0, row["acked"] - row["failed"])
+        out.append({"t": minute * MINUTE_MS, **{n: round(row[n]) for n in PER_MINUTE}})
+    return out
 
 
 def _per_minute(q: ReliableQueue, minutes: int) -> dict[int, dict[str, float]]:
@@ -111,6 +128,11 @@ def _per_minute(q: ReliableQueue, minutes: int) -> dict[int, dict[str, float]]:
         gap = m1 - m0
         for m in range(m0 + 1, m1 + 1):
             if m > newest - minutes:
-                out[m] = {n: max(0, b - a) / gap
-                          for n, a, b in zip(COUNTERS, c0, c1, strict=False)}
+                out[m] = {n: _step(c0, c1, i) / gap for i, n in enumerate(SNAPSHOT)}
     return out
+
+
+def _step(c0: tuple[int, ...], c1: tuple[int, ...], i: int) -> int:
+    """How much the ``i``-th counter counted between two snapshots; 0 when either was
+    written before that counter was kept (its total so far is not one minute's count)."""
+    return max(0, c1[i] - c0[i]) if i < len(c0) and i < len(c1) else 0

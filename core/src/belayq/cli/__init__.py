@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from .. import eviction, kinds
+from .. import eviction, kinds, readmodel
 from ..discovery import Found, NoQueue, open_found
 from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors, NotPermitted
 from ..sharded import ShardedQueue
@@ -127,8 +127,9 @@ def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
 
 def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
     found, q = open_named(client, args)
+    raw, counts = readmodel.read_stats(q)  # the numbers every tool shows, and the counters
     stats: dict[str, Any] = {
-        "kind": found.kind, "queue": found.name, **q.stats(),
+        "kind": found.kind, "queue": found.name, **raw, **counts,
         "ready_by_priority": dict(zip(map(str, q.config.priority_steps), q.ready_by_level(),
                                       strict=True))}
     if isinstance(q, ShardedQueue):
@@ -164,8 +165,8 @@ def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
 def cmd_inspect(client: redis.Redis, args: argparse.Namespace) -> int:
     _, q = open_named(client, args)
     _emit(args, views.in_flight(q, args.limit),
-          ("id", "lease_left_s", "deliveries", "attempts", "started", "held_by", "task",
-           "task_id", "payload"), f"no message of {q.name} is claimed now")
+          ("id", "lease_left_s", "running_for_s", "deliveries", "attempts", "started",
+           "held_by", "task", "task_id", "payload"), f"no message of {q.name} is claimed now")
     return DONE
 
 

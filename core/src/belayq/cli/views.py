@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from itertools import zip_longest
 from typing import Any
 
+from .. import readmodel
 from ..admin import BELL
 from ..discovery import Found
 from ..errors import RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
@@ -45,9 +46,9 @@ def describe(payload: bytes | None) -> dict[str, Any]:
 
 
 def in_flight(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
-    """The claims held, soonest to expire first: lease time left, deliveries, runs, the
-    consumer that holds each (``host:pid``, when it registered) and what the payload says;
-    over every shard of a sharded queue."""
+    """The claims held, soonest to expire first: lease time left, how long each has run,
+    deliveries, runs, the consumer that holds each (``host:pid``, when it registered) and
+    what the payload says; over every shard of a sharded queue."""
     rows = [row for p in parts_of(q) for row in _in_flight(p, limit)]
     return sorted(rows, key=lambda row: float(row["lease_left_s"]))[:limit]
 
@@ -59,9 +60,17 @@ def _in_flight(q: ReliableQueue, limit: int) -> list[dict[str, Any]]:
     payloads = q.client.hmget(q.keys.payloads, ids) if ids else []
     return [{
         "id": lease.id, "lease_left_s": round((lease.deadline_ms - now) / 1000, 1),
+        "running_for_s": _running_for(lease.token, lease.started, now),
         "deliveries": lease.deliveries, "attempts": lease.attempts, "started": lease.started,
         "provisional": lease.provisional, "held_by": lease.holder, **describe(payload),
     } for lease, payload in zip(leases, payloads, strict=True)]  # fmt: skip
+
+
+def _running_for(token: str, started: bool, now_ms: int) -> float | None:
+    """How long a claim has run (s, since its claim; None when its run has not started or
+    its token does not tell)."""
+    claimed = readmodel.claimed_ms(token) if started else None
+    return None if claimed is None else round(max(0, now_ms - claimed) / 1000, 1)
 
 
 def ready(q: AnyQueue, limit: int) -> list[dict[str, Any]]:
@@ -125,8 +134,10 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-QUEUE_COLUMNS = ("kind", "queue", "ready", "in_flight", "delayed", "dead", "acked",
-                 "reclaimed", "dead_lettered")
+#: The columns of ``belayq queues`` and ``watch``: the numbers every tool shows
+#: (:mod:`belayq.readmodel`), and two of the counters.
+QUEUE_COLUMNS = ("kind", "queue", "ready", "delayed", "in_flight", "dead", "failed",
+                 "published", "acked", "out", "reclaimed", "dead_lettered", "running_for_s")
 
 
 #: The figures ``belayq stats`` shows for each shard of a sharded queue.
@@ -156,12 +167,15 @@ def queue_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     return (*QUEUE_COLUMNS, "error") if any("error" in r for r in rows) else QUEUE_COLUMNS
 
 
-def queue_row(found: Found, q: AnyQueue, stats: dict[str, int] | None = None) -> dict[str, Any]:
-    """One queue's line of ``belayq queues``, ``watch`` and the dashboard's overview
-    (``stats``: the queue's, when already read)."""
-    stats = q.stats() if stats is None else stats
+def queue_row(found: Found, q: AnyQueue,
+              read: tuple[dict[str, int], readmodel.Counts] | None = None) -> dict[str, Any]:
+    """One queue's line of ``belayq queues``, ``watch`` and the dashboard's overview: the
+    numbers every tool shows (:mod:`belayq.readmodel`) and two counters of the stats hash
+    (``read``: the queue's stats and numbers, when already read)."""
+    stats, counts = readmodel.read_stats(q) if read is None else read
     return {"kind": found.kind, "queue": q.name, "shards": stats.get("shards", 1),
-            "recorded": found.recorded, **{c: stats.get(c, 0) for c in QUEUE_COLUMNS[2:]}}
+            "recorded": found.recorded, "reclaimed": stats.get("reclaimed", 0),
+            "dead_lettered": stats.get("dead_lettered", 0), **counts}
 
 
 def dead_ids(q: AnyQueue, ids: Iterable[str]) -> set[str]:

@@ -20,7 +20,8 @@
 -- ARGV[8]  count        how many messages to claim at most
 -- ARGV[9]  floor_every  every k-th claim serves the lowest non-empty level (0 = off)
 -- ARGV[10] sweep_limit  bound of the recovery steps
--- ARGV[11] nonce        random bits of the client: the claims' tokens start with it
+-- ARGV[11] nonce        random bits of the client: the claims' tokens start with it, then
+--                       '@' and the claim's time (ms): a lease tells how long it has run
 -- ARGV[12] starts       '1': each claim counts as a started attempt now
 -- Returns {next_due_ms, id1, payload1, token1, deliveries1, attempts1, id2, ...};
 -- next_due_ms is the wait until the next delayed message is due, or -1 when none is; -2
@@ -38,6 +39,7 @@
 local k = claim_keys()
 local a = claim_args(12)
 local now = now_ms()
+a.nonce = claim_nonce(a.nonce, now)
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return replay_claim(k, earlier, 1, a.starts) end

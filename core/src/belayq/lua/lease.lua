@@ -30,6 +30,7 @@ local a = claim_args(13)
 local want = a.want
 local entry = any_arg(13, 'entry')
 local now = now_ms()
+a.nonce = claim_nonce(a.nonce, now)
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return replay_claim(k, earlier, 2, a.starts) end

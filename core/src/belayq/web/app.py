@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import eviction, kinds, rollups
+from .. import eviction, kinds, readmodel, rollups
 from ..cli import views
 from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
@@ -88,7 +88,7 @@ class Dashboard:
         self.demo = demo
         self._open: dict[tuple[str, str], tuple[Found, AnyQueue]] = {}
         self._found: tuple[float, list[Found]] | None = None
-        self.rates = console.Rates()
+        self.rates = readmodel.Rates()
 
     def found(self) -> list[Found]:
         """The queues shown, looked up again at most every ``FIND_EVERY_S``."""
@@ -163,8 +163,10 @@ class Dashboard:
         in_flight = views.in_flight(q, SHOWN)
         for row in in_flight:
             row["hung"] = row["id"] in hung
+        stats, counts = readmodel.read_stats(q)
         return {
-            "stats": q.stats(),
+            "stats": stats,
+            "counts": counts,
             "ready_by_priority": dict(zip(map(str, q.config.priority_steps),
                                           q.ready_by_level(), strict=True)),
             "lease_ms": q.config.lease_ms if q.limits_known else None,

@@ -11,26 +11,21 @@ from __future__ import annotations
 import base64
 import json
 import logging
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..admin import parse_meta, stats_of
+from .. import readmodel
+from ..admin import parse_meta
 from ..blocking import node_client
 from ..cli import views
 from ..discovery import Found
 from ..errors import CLIENT_ERROR, RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import console_for
-from ..metrics import (
-    oldest_lease_age_s,
-    oldest_ready_age_s,
-    published_ms_of_entry,
-    server_ms,
-)
+from ..metrics import server_ms
 from ..models import entry_id
 from ..models import text as _text
 from ..queue import ReliableQueue
+from ..readmodel import Rates as Rates
 from ..sharded import AnyQueue, parts_of
 
 log = logging.getLogger("belayq")
@@ -45,60 +40,21 @@ ACTIONS_KEPT = 200
 SEARCHED = 1000
 #: Characters of a payload a detail shows.
 PAYLOAD_CHARS = 20_000
-#: Messages whose counters feed the rate "in" (published) and "out" (settled).
-IN = ("published",)
-OUT = ("acked", "dead_lettered", "nacked")
-
-
-class Rates:
-    """Messages in and out per minute of each queue, from the counters the overview read
-    at its last two looks at least ``window_s`` apart (None until there are two)."""
-
-    def __init__(self, window_s: float = 5.0) -> None:
-        self.window_s = window_s
-        self._lock = threading.Lock()
-        self._seen: dict[tuple[str, str], list[tuple[float, int, int]]] = {}
-
-    def update(self, key: tuple[str, str], stats: dict[str, int]) -> tuple[float | None,
-                                                                          float | None]:
-        now = time.monotonic()
-        sample = (now, sum(int(stats.get(c, 0)) for c in IN),
-                  sum(int(stats.get(c, 0)) for c in OUT))
-        with self._lock:
-            seen = self._seen.setdefault(key, [])
-            seen.append(sample)
-            # Keep the newest sample at least window_s old, and those after it.
-            while len(seen) > 2 and now - seen[1][0] >= self.window_s:
-                seen.pop(0)
-            first = seen[0]
-        elapsed = now - first[0]
-        if elapsed < 0.5:
-            return None, None
-        return (round(max(0, sample[1] - first[1]) * 60 / elapsed, 1),
-                round(max(0, sample[2] - first[2]) * 60 / elapsed, 1))
 
 
 def overview_row(found: Found, q: AnyQueue, rates: Rates) -> dict[str, Any]:
-    """One queue's line of the overview: its counts, the framework's failures, rates in
-    and out per minute, and the ages of its oldest waiting message and oldest lease."""
-    row = _row(found, q, q.stats(), rates)
-    ready_ages, lease_ages = [], []
-    for part in parts_of(q):
-        now = server_ms(part)
-        ready_ages.append(oldest_ready_age_s(part, now))
-        if found.recorded:
-            lease_ages.append(oldest_lease_age_s(part, now))
-    row["oldest_ready_s"] = _oldest(ready_ages)
-    row["oldest_lease_s"] = _oldest(lease_ages)
-    return row
+    """One queue's line of the overview: the numbers every tool shows
+    (:mod:`belayq.readmodel`), and its rates in and out per minute."""
+    stats, counts = readmodel.read_stats(q)
+    return _row(found, q, stats, counts, rates)
 
 
 def overview_rows(items: Sequence[tuple[Found, AnyQueue]], rates: Rates) -> list[dict[str, Any]]:
     """The overview's lines of ``items``, in their order. The queues of one server are read
-    in one pipeline (their stats scripts, the heads of their lists, their oldest leases),
-    so a page of hundreds of queues costs a few round trips; a sharded queue, or one on a
-    cluster, is read on its own (:func:`overview_row`). A queue that cannot be read is a
-    line with its ``error``; a lost connection ends the overview."""
+    together (:func:`belayq.readmodel.read_many`), so a page of hundreds of queues costs a
+    few round trips; a sharded queue, or one on a cluster, is read on its own
+    (:func:`overview_row`). A queue that cannot be read is a line with its ``error``; a lost
+    connection ends the overview."""
     rows: list[dict[str, Any] | None] = [None] * len(items)
     batches: dict[int, list[tuple[int, Found, ReliableQueue]]] = {}
     for i, (found, q) in enumerate(items):
@@ -107,9 +63,17 @@ def overview_rows(items: Sequence[tuple[Found, AnyQueue]], rates: Rates) -> list
         else:
             rows[i] = _guarded(found, lambda f=found, q=q: overview_row(f, q, rates))
     for batch in batches.values():
-        for i, row in _batch_rows(batch, rates):
-            rows[i] = row
+        read = readmodel.read_many([q for _, _, q in batch])
+        for (i, found, q), (stats, counts) in zip(batch, read, strict=True):
+            rows[i] = _guarded(found, lambda f=found, q=q, s=stats, c=counts:
+                               _row(f, q, s, _raised(c), rates))
     return [row for row in rows if row is not None]
+
+
+def _raised(counts: readmodel.Counts | Exception) -> readmodel.Counts:
+    if isinstance(counts, Exception):
+        raise counts
+    return counts
 
 
 def _guarded(found: Found, read: Any) -> dict[str, Any]:
@@ -123,61 +87,11 @@ def _guarded(found: Found, read: Any) -> dict[str, Any]:
                 "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _batch_rows(batch: list[tuple[int, Found, ReliableQueue]],
-                rates: Rates) -> list[tuple[int, dict[str, Any]]]:
-    pipe = batch[0][2].client.pipeline(transaction=False)
-    pipe.time()
-    plans = []
-    for _, found, q in batch:
-        pipe.execute_command(*q._scripts.command("stats"))
-        levels = q.keys.levels
-        index = -1 if q.config.ready_head == "right" else 0
-        for level in levels:
-            pipe.lindex(level, index)
-        if found.recorded:
-            pipe.zrange(q.keys.leases, 0, 0, withscores=True)
-        plans.append((len(levels), found.recorded))
-    replies = pipe.execute(raise_on_error=False)
-    seconds, micros = replies[0]
-    now = int(seconds) * 1000 + int(micros) // 1000
-    out, at = [], 1
-    for (i, found, q), (heads, leased) in zip(batch, plans, strict=True):
-        mine = replies[at:at + 1 + heads + int(leased)]
-        at += len(mine)
-        out.append((i, _guarded(found, lambda f=found, q=q, m=mine, h=heads, held=leased:
-                                _batched_row(f, q, m, h, held, now, rates))))
-    return out
-
-
-def _batched_row(found: Found, q: ReliableQueue, replies: list[Any], heads: int,
-                 leased: bool, now: int, rates: Rates) -> dict[str, Any]:
-    for reply in replies[1:]:
-        if isinstance(reply, Exception):
-            raise reply
-    stats = stats_of(q._scripts.answer("stats", [], replies[0]))
-    row = _row(found, q, stats, rates)
-    published = [p for p in (published_ms_of_entry(q, bytes(h)) for h in replies[1:1 + heads]
-                             if h is not None) if p is not None]
-    row["oldest_ready_s"] = round((now - min(published)) / 1000, 1) if published else None
-    first = replies[1 + heads] if leased else None
-    row["oldest_lease_s"] = round(max(0.0, (now - (float(first[0][1]) - q.config.lease_ms))
-                                      / 1000), 1) if first else None
+def _row(found: Found, q: AnyQueue, stats: dict[str, int], counts: readmodel.Counts,
+         rates: Rates) -> dict[str, Any]:
+    row = views.queue_row(found, q, (stats, counts))
+    row["in_per_min"], row["out_per_min"] = rates.update((found.kind, found.name), counts)
     return row
-
-
-def _row(found: Found, q: AnyQueue, stats: dict[str, int], rates: Rates) -> dict[str, Any]:
-    row = views.queue_row(found, q, stats)
-    row["published"] = stats.get("published", 0)
-    row["in_per_min"], row["out_per_min"] = rates.update((found.kind, found.name), stats)
-    tools = console_for(q.kind)
-    row["failed"] = tools.failed_count(q) if tools is not None else None
-    row["paused"] = bool(stats.get("paused", 0))
-    return row
-
-
-def _oldest(ages: list[float | None]) -> float | None:
-    known = [a for a in ages if a is not None]
-    return round(max(known), 1) if known else None
 
 
 def failed(q: AnyQueue, limit: int) -> dict[str, Any] | None:

@@ -94,6 +94,16 @@ def core_for(
         return core
 
 
+def flush_observations(client: Any) -> None:
+    """Write what the core queues built on ``client`` observed for the metrics (the jobs
+    counted as published at their first claim, queue waits, failed runs): a burst worker
+    ends before its lease keeper's next beat would write them."""
+    with _lock:
+        cores = list(vars(client).get(_CACHE_ATTR, {}).values())
+    for core in cores:
+        core.flush_observations()
+
+
 #: QueueConfig fields belayq_rq sets itself: RQ's list layout (one list of job ids, no
 #: priority levels), and how RQ counts attempts.
 FIXED_OPTIONS: dict[str, Any] = {

@@ -9,8 +9,10 @@ beside its queue list, through RQ's own API.
 * The dashboard shows RQ's own failures (the queue's ``FailedJobRegistry``), requeues or
   deletes them as ``rq requeue`` and rq-dashboard do, and a job's detail from its hash:
   function, arguments, status, times, and the latest result or exception.
-* The metrics read the oldest waiting job's ``enqueued_at`` (one ``HGET`` of the job at
-  the list's head) and the size of the queue's ``FailedJobRegistry`` (one ``ZCARD``).
+* The numbers every tool shows (:mod:`belayq.readmodel`) count the jobs of the queue's
+  ``ScheduledJobRegistry`` as delayed and those of its ``FailedJobRegistry`` as failed (a
+  ``ZCARD`` each: what ``rq info`` and rq-dashboard show), and read the oldest waiting
+  job's ``enqueued_at`` (one ``HGET`` of the job at the list's head).
 """
 
 from __future__ import annotations
@@ -83,6 +85,16 @@ class RQTools:
         except ValueError:
             return None
 
+    def framework_counts(self, queue: AnyQueue) -> dict[str, int | None]:
+        """What RQ keeps beside the queue's list: ``delayed``, the jobs its scheduler holds
+        back (the ``ScheduledJobRegistry``), and ``failed``, its ``FailedJobRegistry``
+        (read only: no cleanup, one pipeline)."""
+        pipe = queue.client.pipeline(transaction=False)
+        pipe.zcard(_scheduled(queue).key)
+        pipe.zcard(_failed(queue).key)
+        scheduled, failed = pipe.execute()
+        return {"delayed": int(scheduled), "failed": int(failed)}
+
     def failed_count(self, queue: AnyQueue) -> int:
         """How many jobs the queue's FailedJobRegistry holds (read only: no cleanup)."""
         return int(queue.client.zcard(_failed(queue).key))
@@ -154,6 +166,10 @@ class RQTools:
             if result is not None and getattr(result, "return_value", None) is not None
             else None,
         }
+
+
+def _scheduled(queue: AnyQueue) -> ScheduledJobRegistry:
+    return ScheduledJobRegistry(queue.name, connection=queue.client)  # type: ignore[no-untyped-call]
 
 
 def _failed(queue: AnyQueue) -> FailedJobRegistry:

@@ -48,7 +48,7 @@ from belayq import BelayqError
 from . import settle
 from .away import SERVER_AWAY as _SERVER_AWAY
 from .away import SkipsBookkeepingWhileAway, skipped_if_away
-from .claims import claim_of, driving
+from .claims import claim_of, driving, flush_observations
 from .maintenance import spare_requeued
 from .pubsub import StopsItsPubSub
 from .queue import Queue
@@ -213,8 +213,11 @@ class BelayqWorkerMixin(SkipsBookkeepingWhileAway, StopsItsScheduler, StopsItsPu
     # -- marking what this worker drives (the queues refuse stock workers) ---------------
 
     def work(self, *args: Any, **kwargs: Any) -> bool:
-        with driving(self):
-            return bool(super().work(*args, **kwargs))
+        try:
+            with driving(self):
+                return bool(super().work(*args, **kwargs))
+        finally:
+            flush_observations(self.connection)
 
     def dequeue_job_and_maintain_ttl(self, *args: Any, **kwargs: Any) -> Any:
         with driving(self):

@@ -16,6 +16,15 @@ local function claim_args(total)
     nonce = text_arg(11, 'nonce'), starts = flag_arg(12, 'starts')}
 end
 
+-- The nonce a claim made at `now` builds its tokens from: the caller's nonce, '@', `now`
+-- (ms, the server's clock) and a dot; each token then ends with the delivery's position in
+-- the reply. So a lease's record tells when its claim was made (how long it has run), with
+-- nothing more stored; a re-sent claim answers with the tokens of its first run (the memo
+-- keeps this nonce).
+local function claim_nonce(nonce, now)
+  return nonce .. '@' .. int(now) .. '.'
+end
+
 -- The next_due_ms a claim answers while its queue is paused (see pause.lua).
 local PAUSED = -2
 

@@ -35,7 +35,7 @@ const COLUMNS = [
   ["delayed", "delayed", "n"], ["in_flight", "in flight", "n"], ["dead", "dead", "n"],
   ["failed", "framework failed", "n"], ["in_per_min", "in/min", "rate"],
   ["out_per_min", "out/min", "rate"], ["oldest_ready_s", "oldest waiting", "age"],
-  ["oldest_lease_s", "oldest lease", "age"], ["paused", "paused", "flag"],
+  ["running_for_s", "running for", "age"], ["paused", "paused", "flag"],
   ["error", "error", "text"],
 ];
 const sorting = { key: "queue", descending: false };

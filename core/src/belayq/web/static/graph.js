@@ -3,8 +3,8 @@
 import { esc, hhmm, num } from "./util.js";
 
 export const SERIES = [
-  { key: "acked", label: "completed", color: "#15803d", of: (p) => p.acked },
-  { key: "nacked", label: "failed runs", color: "#d97706", of: (p) => p.nacked },
+  { key: "completed", label: "completed", color: "#15803d", of: (p) => p.completed },
+  { key: "failed", label: "failed runs", color: "#d97706", of: (p) => p.failed },
   { key: "reclaimed", label: "reclaimed", color: "#2563eb", of: (p) => p.reclaimed + p.adopted },
   { key: "dead_lettered", label: "dead-lettered", color: "#b91c1c", of: (p) => p.dead_lettered },
   { key: "published", label: "published", color: "#6b7280", of: (p) => p.published, dash: [5, 4] },

@@ -71,18 +71,19 @@ export function renderQueue(kind, name, detail, row) {
 }
 
 function cards(d, row) {
-  const s = d.stats;
+  const s = d.stats, c = d.counts;
   const values = {
-    "n-ready": s.ready, "n-in-flight": s.in_flight, "n-delayed": s.delayed,
-    "n-acked": s.acked || 0, "n-nacked": s.nacked || 0, "n-dead": s.dead,
-    "n-reclaimed": (s.reclaimed || 0) + (s.adopted || 0), "n-published": s.published || 0,
+    "n-ready": c.ready, "n-in-flight": c.in_flight, "n-delayed": c.delayed,
+    "n-acked": c.acked, "n-nacked": s.nacked || 0, "n-dead": c.dead,
+    "n-reclaimed": (s.reclaimed || 0) + (s.adopted || 0), "n-published": c.published,
     "n-in-rate": row ? row.in_per_min : null, "n-out-rate": row ? row.out_per_min : null,
-    "n-framework-failed": d.framework_failed ? d.framework_failed.count : null,
+    "n-framework-failed": c.failed,
   };
   for (const [id, v] of Object.entries(values)) {
     $(id).textContent = num(v, id.endsWith("rate") ? 1 : 0);
   }
   $("card-framework-failed").hidden = !d.framework_failed;
+  $("n-running-for").textContent = age(c.running_for_s);
   const levels = Object.entries(d.ready_by_priority || {}).filter(([, n]) => n > 0);
   $("ready-levels").textContent = levels.length > 1
     ? "by priority: " + levels.map(([p, n]) => `${p}: ${num(n)}`).join(", ") : "";
@@ -120,6 +121,7 @@ function lists(kind, d) {
     ? [["held by", (r) => esc(r.held_by), "when"]] : [];
   renderInto($("list-in-flight"), table([idCol,
     ["lease left", (r) => leaseBar(r, d.lease_ms), "leasecol"],
+    ["running for", (r) => age(r.running_for_s), "short"],
     ["deliveries", (r) => esc(r.deliveries), "short"],
     ...holder, jobCol], d.in_flight, { rowClass: (r) => (r.hung ? "hung" : "") }));
   renderInto($("list-consumers"), table([
