@@ -72,7 +72,8 @@ def test_a_core_message_detail_and_search(client: redis.Redis, served: Any) -> N
         assert (d["state"], d["error"]) == ("dead", "it broke")
         assert call(f"{api}/nope")[0] == 404
         status, found = call(f"{base}/api/search?id={text}")
-        assert found["found"] == [{"kind": "belayq", "queue": "orders", "state": "ready"}]
+        assert found["found"] == [{"kind": "belayq", "queue": "orders", "state": "ready",
+                                   "id": text}]
         assert call(f"{base}/api/search?id=")[0] == 400
         assert call(f"{base}/api/search?id=nothing-has-this")[1]["found"] == []
 
@@ -93,7 +94,8 @@ def test_a_celery_task_detail(client: redis.Redis, served: Any) -> None:
             "shop.charge", sent.id, [42, "EUR"], {"retry": True})
         assert task["root_id"] == sent.id and task["retries"] == 0
         status, found = call(f"{base}/api/search?id={row['id']}")
-        assert found["found"] == [{"kind": "kombu", "queue": "billing", "state": "ready"}]
+        assert found["found"] == [{"kind": "kombu", "queue": "billing", "state": "ready",
+                                   "id": row["id"]}]
     kombu = ReliableQueue(client, "billing", keeper=False, **kombu_layout("billing"))
     assert kombu.stats()["ready"] == 1  # reading changed nothing
 

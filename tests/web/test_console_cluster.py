@@ -55,7 +55,8 @@ def test_every_console_page_and_action_on_a_cluster(cluster: Any, served: Any) -
             states[mid] = m["state"]
         assert states == {later: "delayed", held.id: "in flight", dead: "dead"}
         status, found = call(f"{base}/api/search?id={held.id}")
-        assert found["found"] == [{"kind": "belayq", "queue": name, "state": "in flight"}]
+        assert found["found"] == [{"kind": "belayq", "queue": name, "state": "in flight",
+                                   "id": held.id}]
         assert call(f"{api}/pause", {}) == (200, {"paused": True})
         assert call(f"{api}/resume", {}) == (200, {"resumed": True})
         assert call(f"{api}/replay", {"ids": [dead]}) == (200, {"replayed": 1})

@@ -49,6 +49,9 @@ class KindTools(Protocol):
     #     published (ms since the epoch), from what the framework keeps (one small read);
     # failed_count(queue) -> int: the size of the framework's own failed registry
     #     (see KindConsole).
+    # Read by search (belayq.lookup) when present:
+    # ids_of(payload: bytes) -> list[str]: the framework's own ids of the message a payload
+    #     (or a list entry that is the payload) holds, as a Celery task id in its envelope.
 
 
 class KindConsole(Protocol):

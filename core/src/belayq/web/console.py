@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from .. import readmodel
+from .. import lookup, readmodel
 from ..admin import parse_meta
 from ..blocking import node_client
 from ..cli import views
@@ -22,7 +22,6 @@ from ..discovery import Found
 from ..errors import CLIENT_ERROR, RESPONSE_ERROR, BelayqError, ConnectionLost, Errors
 from ..kinds import console_for
 from ..metrics import server_ms
-from ..models import entry_id
 from ..models import text as _text
 from ..queue import ReliableQueue
 from ..readmodel import Rates as Rates
@@ -36,8 +35,6 @@ _SHOWN: Errors = (BelayqError, *RESPONSE_ERROR)
 _LOG_ERRORS: Errors = (*CLIENT_ERROR, BelayqError)
 #: Actions kept in a queue's log (newest first).
 ACTIONS_KEPT = 200
-#: Entries of each ready list a detail looks through for a message known by its digest.
-SEARCHED = 1000
 #: Characters of a payload a detail shows.
 PAYLOAD_CHARS = 20_000
 
@@ -111,15 +108,18 @@ def failed(q: AnyQueue, limit: int) -> dict[str, Any] | None:
 def message(q: AnyQueue, message_id: str) -> dict[str, Any]:
     """Where message ``message_id`` is and what it holds: its state (ready, in flight,
     delayed, dead, or finished when a history record holds it), counts, lease left or due
-    time, the payload decoded, and what the framework keeps of it.
+    time, the payload decoded, and what the framework keeps of it. ``message_id`` is
+    belayq's id or one its framework gives it (a Celery task id): see
+    :mod:`belayq.lookup` for what is searched, and how far.
 
     Raises:
         LookupError: Neither belayq nor the framework knows the message.
     """
     out: dict[str, Any] | None = None
     for part in parts_of(q):
-        out = _in_part(part, message_id)
-        if out is not None:
+        hit = lookup.locate(part, message_id)
+        if hit is not None:
+            out = _in_part(part, *hit)
             break
     tools = console_for(q.kind)
     framework = tools.message(q, message_id) if tools is not None else None
@@ -129,12 +129,16 @@ def message(q: AnyQueue, message_id: str) -> dict[str, Any]:
             raise LookupError(f"no message {message_id!r} in {q.name}")
         out = finished or {"id": message_id, "state": (framework or {}).get("status")
                            or "not in belayq's keys"}
+    if framework is None and tools is not None and out["id"] != message_id:
+        framework = tools.message(q, out["id"])
     if framework is not None:
         out["framework"] = framework
     return out
 
 
-def _in_part(q: ReliableQueue, message_id: str) -> dict[str, Any] | None:
+def _in_part(q: ReliableQueue, message_id: str, entry: bytes | None) -> dict[str, Any]:
+    """The detail of message ``message_id`` of ``q``, which :func:`lookup.locate` found
+    (``entry``: its list entry, when that is its payload)."""
     k = q.keys
     pipe = node_client(q).pipeline(transaction=False)  # TIME names no key: the queue's node
     pipe.time()
@@ -146,10 +150,8 @@ def _in_part(q: ReliableQueue, message_id: str) -> dict[str, Any] | None:
     (sec, micros), packed, payload, lease, due, dead_at = pipe.execute()
     now = int(sec) * 1000 + int(micros) // 1000
     meta = parse_meta(packed)
-    if meta is None and payload is None and lease is None and due is None and dead_at is None:
-        payload = _waiting_entry(q, message_id) if q.config.payload_in_list else None
-        if payload is None:
-            return None
+    if payload is None:
+        payload = entry
     out: dict[str, Any] = {"id": message_id, "shard": q.name if q.sharded_as else None}
     if lease is not None:
         out.update(state="in flight", lease_left_s=round((float(lease) - now) / 1000, 1))
@@ -167,27 +169,10 @@ def _in_part(q: ReliableQueue, message_id: str) -> dict[str, Any] | None:
     return out
 
 
-def _waiting_entry(q: ReliableQueue, message_id: str) -> bytes | None:
-    """The entry of waiting message ``message_id`` of a queue whose lists hold the entries
-    themselves: an entry that is its own id (RQ's job ids) by LPOS, one known by its digest
-    (a kombu envelope) among the first :data:`SEARCHED` of each level."""
-    for level in q.keys.levels:
-        if q.client.lpos(level, message_id) is not None:
-            return message_id.encode()
-    left = q.config.ready_head == "left"
-    for level in q.keys.levels:
-        entries = q.client.lrange(level, 0, SEARCHED - 1) if left else \
-            q.client.lrange(level, -SEARCHED, -1)
-        for entry in entries:
-            if entry_id(entry, True) == message_id:
-                return bytes(entry)
-    return None
-
-
 def _finished(q: AnyQueue, message_id: str) -> dict[str, Any] | None:
     for outcome in ("done", "failed"):
         for h in q.history(outcome, views_limit()):
-            if h.id == message_id:
+            if h.id == message_id or message_id in lookup.framework_ids(q.kind, h.payload):
                 return {"id": h.id, "state": "completed" if outcome == "done" else "failed",
                         "result": h.result, "reason": h.reason, "deliveries": h.deliveries,
                         "attempts": h.attempts, "published_ms": h.published_ms,
@@ -249,15 +234,17 @@ def _celery(envelope: Any) -> dict[str, Any] | None:
 
 
 def search(queues: Sequence[tuple[Found, AnyQueue]], message_id: str) -> list[dict[str, Any]]:
-    """The queues that know message ``message_id`` now, and its state in each: a few
-    commands per queue."""
+    """The queues that know message ``message_id`` now (belayq's id, or its framework's: a
+    Celery task id, an RQ job id, a Dramatiq ``message_id``), its state in each, and its
+    id in belayq: a few bounded commands per queue (:mod:`belayq.lookup`)."""
     hits = []
     for found, q in queues:
         try:
             detail = message(q, message_id)
         except LookupError:
             continue
-        hits.append({"kind": found.kind, "queue": found.name, "state": detail["state"]})
+        hits.append({"kind": found.kind, "queue": found.name, "state": detail["state"],
+                     "id": detail["id"]})
     return hits
 
 

@@ -7,6 +7,7 @@ runs its workers record (:mod:`belayq_dramatiq.failed`).
 * The dashboard lists, opens and deletes the failed runs. It does not requeue them: a
   Dramatiq message is retried by its actor's ``Retries`` policy, which knows what may run
   twice; a message that gave up is in the dead-letter set, which the tools replay.
+* Search finds a message by its Dramatiq ``message_id``, read from its body.
 * The metrics read the oldest waiting message's send time (one ``HGET`` of its body), and
   count the failed runs.
 """
@@ -54,6 +55,16 @@ class DramatiqTools(RecordedFailures):
         if failed is not None:
             out["last_failure"] = failed
         return out or None
+
+    def ids_of(self, payload: bytes) -> list[str]:
+        """The ``message_id`` of a message's body (its list entry is another id, the
+        ``redis_message_id``, as stock's), by which search finds it."""
+        try:
+            body = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            return []
+        found = body.get("message_id") if isinstance(body, dict) else None
+        return [found] if isinstance(found, str) and found else []
 
     def published_ms(self, queue: AnyQueue, entry: bytes) -> float | None:
         body = _body(queue, entry)

@@ -180,7 +180,7 @@ $("search-form").addEventListener("submit", async (e) => {
 
 function openFound(hit, id) {
   location.hash = queueHash(hit.kind, hit.queue);
-  open(id, hit.kind, hit.queue);
+  open(hit.id || id, hit.kind, hit.queue);  // by belayq's id, whichever id was typed
 }
 
 document.addEventListener("keydown", (e) => {
