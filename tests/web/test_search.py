@@ -34,24 +34,24 @@ def test_search_finds_a_celery_task_by_its_task_id_in_every_state(
         client: redis.Redis, served: Any) -> None:
     port = client.connection_pool.connection_kwargs["port"]
     app = Celery("shop", broker=f"belayq://127.0.0.1:{port}/0")
-    core = ReliableQueue(client, "billing", keeper=False, **kombu_layout("billing"))
-    dead = app.send_task("shop.charge", args=(1,), queue="billing")
+    core = ReliableQueue(client, "invoices", keeper=False, **kombu_layout("invoices"))
+    dead = app.send_task("shop.charge", args=(1,), queue="invoices")
     [d] = core.claim(timeout=0)
     core.dead_letter(d, "card declined")
-    running = app.send_task("shop.charge", args=(2,), queue="billing")
+    running = app.send_task("shop.charge", args=(2,), queue="invoices")
     [held] = core.claim(timeout=0)
-    waiting = app.send_task("shop.charge", args=(3,), queue="billing")
-    later = app.send_task("shop.charge", args=(4,), queue="billing", countdown=600)
+    waiting = app.send_task("shop.charge", args=(3,), queue="invoices")
+    later = app.send_task("shop.charge", args=(4,), queue="invoices", countdown=600)
     with served(web.create_app(client)) as base:
         for sent, state in ((waiting, "ready"), (later, "delayed"), (running, "in flight"),
                             (dead, "dead")):
-            assert found(base, sent.id) == [("kombu", "billing", state)], state
-            status, m = call(f"{base}/api/queue/kombu/billing/message/{sent.id}")
+            assert found(base, sent.id) == [("kombu", "invoices", state)], state
+            status, m = call(f"{base}/api/queue/kombu/invoices/message/{sent.id}")
             assert status == 200 and m["state"] == state
             assert m["payload"]["celery"]["id"] == sent.id
         status, answer = call(f"{base}/api/search?id={running.id}")
         assert answer["found"][0]["id"] == held.id  # belayq's id of it, to open it by
-        assert found(base, held.id) == [("kombu", "billing", "in flight")]
+        assert found(base, held.id) == [("kombu", "invoices", "in flight")]
         assert found(base, "no-task-has-this-id") == []
     app.close()
 
