@@ -15,8 +15,9 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
-from belayq.eviction import docs_url, of
+from belayq.eviction import of
 from belayq.metrics import QueueCollector
+from belayq.site import docs_url
 from tests.conftest import any_binary
 from tests.core.conftest import run
 

@@ -13,6 +13,7 @@ from .constants import (
     REDIS_PY_READ_TIMEOUT_S,
 )
 from .errors import RESPONSE_ERROR, EvictionRiskWarning
+from .site import EVICTION_PAGE, docs_url
 
 log = logging.getLogger("belayq")
 
@@ -121,8 +122,6 @@ def warn_if_evicting(client: Any) -> None:
     """Warn (:class:`~belayq.errors.EvictionRiskWarning`) when a server the client reaches
     may evict keys that have no TTL. Called once per client, when its first queue connects.
     """
-    from .eviction import PAGE, docs_url  # it reads this module's eviction_policies
-
     risky = sorted({p for p in eviction_policies(client) if p in EVICTING_POLICIES})
     if risky:
         warnings.warn(
@@ -131,7 +130,7 @@ def warn_if_evicting(client: Any) -> None:
             "messages) have none, so messages can vanish without an error. Set "
             "maxmemory-policy to noeviction (on a managed service, in its parameter "
             "group / configuration), so a full server refuses writes "
-            f"instead. See {docs_url()}{PAGE}",
+            f"instead. See {docs_url()}{EVICTION_PAGE}",
             EvictionRiskWarning,
             stacklevel=5,
         )

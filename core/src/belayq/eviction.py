@@ -17,19 +17,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from importlib import metadata
 from typing import Any
 
 from .client_info import eviction_policies, is_cluster
 from .errors import RESPONSE_ERROR
+from .site import EVICTION_PAGE, docs_url
 
 log = logging.getLogger("belayq")
-
-#: Where the docs are, when the package's metadata does not say.
-DOCS_URL = "https://belayq.github.io/belayq"
-#: The page of the docs site that explains the eviction policies.
-PAGE = "managed-redis/"
-
 
 @dataclass(frozen=True)
 class Eviction:
@@ -52,20 +46,7 @@ class Eviction:
                     "an error, before their time")
         return (f"warning: Redis maxmemory-policy is {self.policy}: under memory pressure "
                 f"the server deletes {what}. Set maxmemory-policy noeviction, so a full "
-                f"server refuses writes instead; see {docs_url()}{PAGE}")
-
-
-def docs_url() -> str:
-    """The docs site, as the installed package's metadata names it (ends with ``/``)."""
-    try:
-        urls = metadata.metadata("belayq").get_all("Project-URL") or []
-    except metadata.PackageNotFoundError:
-        urls = []
-    for entry in urls:
-        label, _, url = entry.partition(",")
-        if label.strip().lower() == "documentation" and url.strip():
-            return str(url).strip().rstrip("/") + "/"
-    return DOCS_URL + "/"
+                f"server refuses writes instead; see {docs_url()}{EVICTION_PAGE}")
 
 
 def policies(client: Any) -> list[str]:
