@@ -6,6 +6,8 @@ holds its namespace; and a full server never keeps a queue from opening to drain
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +16,7 @@ import pytest
 import redis
 
 from belayq import ConfigError, ReliableQueue
+from belayq.discovery import find, list_queues, open_found
 from belayq.embedded import RedisServer
 from belayq.keys import dramatiq_layout, registry_key
 from belayq.registry import Registry
@@ -93,3 +96,45 @@ def test_a_full_server_opens_a_consumer_restarted_with_a_longer_lease(
                 ReliableQueue(client, qname, keeper=False, priority_steps=(0, 5))
         assert client.hget(registry_key(), f"belayq/{qname}") == before
         q.drop()
+
+
+def test_two_dramatiq_apps_with_their_own_namespace_share_one_redis(
+    r: redis.Redis, qname: str
+) -> None:
+    mine: dict[str, Any] = dramatiq_layout(qname)
+    theirs: dict[str, Any] = dramatiq_layout(qname, namespace="app2")
+    a = ReliableQueue(r, qname, keeper=False, max_deliveries=3, **mine)
+    b = ReliableQueue(r, qname, keeper=False, max_deliveries=9, **theirs)
+    assert (a.config.max_deliveries, b.config.max_deliveries) == (3, 9)
+    assert Registry(r).get("dramatiq", qname).ready_key == f"dramatiq:{qname}"  # type: ignore[union-attr]
+    rec = Registry(r).get("dramatiq", qname, namespace="app2")
+    assert rec is not None and rec.ready_key == f"app2:{qname}" and rec.max_deliveries == 9
+    listed = {(f.namespace, f.record.ready_key) for f in list_queues(r, kind="dramatiq")
+              if f.name == qname and f.record is not None}
+    assert listed == {("", f"dramatiq:{qname}"), ("app2", f"app2:{qname}")}
+    with pytest.raises(ConfigError, match="--namespace"):
+        find(r, qname, "dramatiq")
+    tool = open_found(r, find(r, qname, "dramatiq", namespace="app2"))
+    assert tool.keys.ready == f"app2:{qname}" and tool.config.max_deliveries == 9
+    assert b.drop()  # forgets its own record only
+    assert Registry(r).get("dramatiq", qname, namespace="app2") is None
+    assert Registry(r).get("dramatiq", qname) is not None
+
+
+def test_a_record_of_the_previous_form_is_read_under_its_namespace(
+    r: redis.Redis, qname: str
+) -> None:
+    theirs: dict[str, Any] = dramatiq_layout(qname, namespace="app2")
+    old = ReliableQueue(r, qname, keeper=False, record=False, **theirs).record()
+    legacy = json.loads(dataclasses.replace(old, max_deliveries=7,
+                                            named=("max_deliveries",)).to_json())
+    legacy.pop("namespace", None)  # as the previous form wrote it, under kind/name
+    r.hset(registry_key(), f"dramatiq/{qname}", json.dumps(legacy))
+    assert Registry(r).get("dramatiq", qname, namespace="app2") is not None
+    mine = ReliableQueue(r, qname, keeper=False, **dramatiq_layout(qname))  # not refused
+    assert mine.keys.ready == f"dramatiq:{qname}"
+    b = ReliableQueue(r, qname, keeper=False, **theirs)  # takes the limits it had recorded
+    assert b.config.max_deliveries == 7
+    recs = {(f.namespace, f.record.max_deliveries) for f in list_queues(r, kind="dramatiq")
+            if f.name == qname and f.record is not None}
+    assert recs == {("", 5), ("app2", 7)}

@@ -386,7 +386,8 @@ class QueueAdmin:
             # Kept beside the queue's state, by the lease keeper, the dashboard and adapters.
             k = self.keys
             self.client.delete(k.rollups, k.actions, k.failures, k.failures_at)
-            Registry(self.client, self.config.prefix).forget(self.kind, self.name)
+            Registry(self.client, self.config.prefix).forget(
+                self.kind, self.name, getattr(self, "namespace", ""))
             forget = getattr(self, "_observed", None)  # not written back into a dropped queue
             if forget is not None:
                 forget.take()

@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import RESPONSE_ERROR, ConfigError
 from .keys import (
+    DRAMATIQ_NAMESPACE,
     KOMBU_SEP,
     RQ_QUEUE_PREFIX,
     RQ_QUEUES,
@@ -61,11 +62,14 @@ class Found:
         name: Its name.
         record: What the registry keeps of it; None when only its framework knows it (or a
             belayq older than the registry wrote it).
+        namespace: What sets it apart from a queue of the same kind and name (Dramatiq's
+            ``namespace``, kombu's ``global_keyprefix``); ``""``: the framework's default.
     """
 
     kind: str
     name: str
     record: QueueRecord | None = None
+    namespace: str = ""
 
     @property
     def recorded(self) -> bool:
@@ -87,28 +91,33 @@ def list_queues(client: Any, prefix: str = "belayq", kind: str | None = None) ->
     (Celery's default exchange and those recorded): O(queues), whatever else the database
     holds.
     """
-    found: dict[tuple[str, str], Found] = {}
+    found: dict[tuple[str, str, str], Found] = {}
     records = Registry(client, prefix).all()
     for rec in records:
-        found[(rec.kind, rec.name)] = Found(rec.kind, rec.name, rec)
+        found[(rec.kind, rec.namespace, rec.name)] = Found(rec.kind, rec.name, rec,
+                                                           rec.namespace)
     if kind in (None, "rq"):
         for name in _rq_names(client):
-            found.setdefault(("rq", name), Found("rq", name))
+            found.setdefault(("rq", "", name), Found("rq", name))
     if kind in (None, "kombu"):
-        for name in _kombu_names(client, records):
-            found.setdefault(("kombu", name), Found("kombu", name))
+        for keyprefix, name in _kombu_names(client, records):
+            found.setdefault(("kombu", keyprefix, name), Found("kombu", name,
+                                                               namespace=keyprefix))
     listed = [f for f in found.values()
               if (kind is None or f.kind == kind) and not hidden(f.kind, f.name)]
-    return sorted(listed, key=lambda f: (_kind_rank(f.kind), f.name))
+    return sorted(listed, key=lambda f: (_kind_rank(f.kind), f.name, f.namespace))
 
 
-def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq") -> Found:
-    """The queue called ``name`` (of ``kind``, or of whichever kind knows it).
+def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq",
+         namespace: str | None = None) -> Found:
+    """The queue called ``name`` (of ``kind``, or of whichever kind knows it; in
+    ``namespace``, or in whichever namespace holds one).
 
     Raises:
         NoQueue: No registry, framework or belayq counter knows a queue of that name (a key
             that merely exists is never taken for a queue).
-        ConfigError: ``kind="auto"`` and queues of that name exist under several kinds.
+        ConfigError: ``kind="auto"`` and queues of that name exist under several kinds, or
+            ``namespace`` is None and they exist in several namespaces.
     """
     registry = Registry(client, prefix)
     records = registry.all()
@@ -117,17 +126,22 @@ def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq") -> 
         kinds = [kind]
     hits = []
     for k in kinds:
-        rec = next((r for r in records if r.kind == k and r.name == name), None)
-        if rec is not None:
-            hits.append(Found(k, name, rec))
-        elif _framework_knows(client, k, name, records, prefix):
+        recs = [r for r in records if r.kind == k and r.name == name
+                and namespace in (None, r.namespace)]
+        hits += [Found(k, name, r, r.namespace) for r in recs]
+        if not any(r.namespace == "" for r in recs) and namespace in (None, "") and \
+                _framework_knows(client, k, name, records, prefix):
             hits.append(Found(k, name))
     if not hits:
         where = "any kind" if kind == "auto" else f"kind {kind}"
         raise NoQueue(f"no queue {name!r} ({where}) is known here: `belayq queues` lists them")
-    if len(hits) > 1:
+    if len({h.kind for h in hits}) > 1:
         raise ConfigError(f"queues named {name!r} exist as {', '.join(h.kind for h in hits)}: "
                           "say which with --kind")
+    if len(hits) > 1:
+        spaces = ", ".join(repr(h.namespace) for h in hits)
+        raise ConfigError(f"queues named {name!r} ({hits[0].kind}) exist in the namespaces "
+                          f"{spaces}: say which with --namespace ('' is the default one)")
     return hits[0]
 
 
@@ -143,7 +157,7 @@ def open_found(client: Any, found: Found, prefix: str = "belayq") -> AnyQueue:
     it stood then."""
     rec = found.record
     if rec is None:
-        options = layout_of(found.kind, found.name, prefix)
+        options = layout_of(found.kind, found.name, prefix, found.namespace)
         shards = recorded_shards(client, found.name, prefix) if found.kind == "belayq" else 1
     else:
         options = rec.options()
@@ -164,19 +178,21 @@ def open_found(client: Any, found: Found, prefix: str = "belayq") -> AnyQueue:
     return q
 
 
-def layout_of(kind: str, name: str, prefix: str = "belayq") -> dict[str, Any]:
+def layout_of(kind: str, name: str, prefix: str = "belayq",
+              namespace: str = "") -> dict[str, Any]:
     """The :class:`~belayq.ReliableQueue` arguments of queue ``name`` of ``kind`` as its
-    framework lays it out by default (kombu's default priority steps).
+    framework lays it out by default (kombu's default priority steps), in ``namespace``
+    (kombu's key prefix).
 
     Raises:
         NoQueue: A kind this belayq cannot lay out without a record.
     """
     if kind == "kombu":
-        return kombu_layout(name)
+        return kombu_layout(name, keyprefix=namespace)
     if kind == "rq":
         return rq_layout(name)
     if kind == "dramatiq":
-        return dramatiq_layout(name)
+        return dramatiq_layout(name, namespace=namespace or DRAMATIQ_NAMESPACE)
     if kind == "belayq":
         return {"prefix": prefix}
     raise NoQueue(f"queues of kind {kind!r} are opened by their framework's belayq adapter; "
@@ -192,28 +208,29 @@ def _rq_names(client: Any) -> list[str]:
     return sorted(n for n in names if n)
 
 
-def _kombu_tables(records: Iterable[QueueRecord]) -> dict[str, str]:
-    """The binding tables to read, each with its member separator: Celery's default
-    exchange's under every key prefix recorded, and every exchange belayq's transport saw a
-    queue bound to."""
-    tables = {kombu_binding_key(KOMBU_DEFAULT_EXCHANGE): KOMBU_SEP}
+def _kombu_tables(records: Iterable[QueueRecord]) -> dict[str, tuple[str, str]]:
+    """The binding tables to read, each with its member separator and key prefix:
+    Celery's default exchange's under every key prefix recorded, and every exchange belayq's
+    transport saw a queue bound to."""
+    tables = {kombu_binding_key(KOMBU_DEFAULT_EXCHANGE): (KOMBU_SEP, "")}
     for rec in records:
         if rec.kind != "kombu":
             continue
         keyprefix = str(rec.facts.get("keyprefix", ""))
         sep = str(rec.facts.get("sep", KOMBU_SEP))
         for exchange in (KOMBU_DEFAULT_EXCHANGE, *rec.facts.get("exchanges", ())):
-            tables.setdefault(kombu_binding_key(str(exchange), keyprefix), sep)
+            tables.setdefault(kombu_binding_key(str(exchange), keyprefix), (sep, keyprefix))
     return tables
 
 
-def _kombu_names(client: Any, records: Iterable[QueueRecord]) -> set[str]:
-    names: set[str] = set()
-    for table, sep in sorted(_kombu_tables(records).items()):
+def _kombu_names(client: Any, records: Iterable[QueueRecord]) -> set[tuple[str, str]]:
+    """The kombu queues the binding tables name, as (key prefix, name)."""
+    names: set[tuple[str, str]] = set()
+    for table, (sep, keyprefix) in sorted(_kombu_tables(records).items()):
         for member in _members(client, table):
             queue = kombu_binding_queue(_text(member), sep)
             if queue:
-                names.add(queue)
+                names.add((keyprefix, queue))
     return names
 
 
@@ -230,7 +247,7 @@ def _framework_knows(client: Any, kind: str, name: str, records: list[QueueRecor
     if kind == "rq":
         return bool(client.sismember(RQ_QUEUES, f"{RQ_QUEUE_PREFIX}{name}"))
     if kind == "kombu":
-        return name in _kombu_names(client, records)
+        return ("", name) in _kombu_names(client, records)
     if kind == "belayq":
         if "{" in name or "}" in name:
             return False

@@ -252,8 +252,12 @@ def kombu_layout(
     if cluster:
         name = kombu_cluster_name(name)
     lists = [keyprefix + name] + [f"{keyprefix}{name}{sep}{s}" for s in steps[1:]]
-    return {"ready_key": lists[0], "level_keys": lists[1:], "priority_steps": tuple(steps),
-            "payload_in_list": True, "kind": "kombu"}
+    out: dict[str, object] = {"ready_key": lists[0], "level_keys": lists[1:],
+                              "priority_steps": tuple(steps), "payload_in_list": True,
+                              "kind": "kombu"}
+    if keyprefix:  # two apps apart by their global_keyprefix are two queues
+        out["namespace"] = keyprefix
+    return out
 
 
 def rq_layout(name: str) -> dict[str, object]:
@@ -273,8 +277,15 @@ def dramatiq_layout(
     so with ``cluster`` the name sits in a hash tag (``dramatiq:{name}``), putting the list,
     its ``.msgs`` hash and the companion keys on one slot."""
     ready = f"{namespace}:{{{name}}}" if cluster else f"{namespace}:{name}"
-    return {"ready_key": ready, "payloads_key": dramatiq_messages(ready), "ready_head": "left",
-            "priority_steps": (0,), "kind": "dramatiq"}
+    out: dict[str, object] = {"ready_key": ready, "payloads_key": dramatiq_messages(ready),
+                              "ready_head": "left", "priority_steps": (0,), "kind": "dramatiq"}
+    if namespace != DRAMATIQ_NAMESPACE:  # two apps apart by their namespace are two queues
+        out["namespace"] = namespace
+    return out
+
+
+#: Stock RedisBroker's default ``namespace``.
+DRAMATIQ_NAMESPACE = "dramatiq"
 
 
 def dramatiq_messages(ready_key: str) -> str:

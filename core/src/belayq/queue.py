@@ -61,6 +61,10 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         keeper: Whether claims register with the process's lease keeper thread.
         kind: Who lays the queue out: ``"belayq"`` for the queues belayq owns; the adapters
             name theirs (``"kombu"``, ``"rq"``).
+        namespace: With ``ready_key``: what sets the queue apart from one of the same kind
+            and name on the same server, when its framework lets apps share one Redis
+            (Dramatiq's ``namespace``, kombu's ``global_keyprefix``); ``""``: the
+            framework's default (:mod:`belayq.identity`).
         record: Record the queue in the registry (:mod:`belayq.registry`) and take the
             limits other processes named (``lease_ms``, ``max_deliveries``,
             ``dead_letter_max``, ``exhausted``) where this one names none. False for tools,
@@ -93,6 +97,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
         keeper: bool = True,
         kind: str = "belayq",
         record: bool = True,
+        namespace: str = "",
         **options: Any,
     ) -> None:
         unknown = set(options) - _OPTIONS
@@ -101,6 +106,10 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
                 f"unknown ReliableQueue option(s) {sorted(unknown)}; valid: {sorted(_OPTIONS)}"
             )
         self.kind = check_kind(kind)
+        if not isinstance(namespace, str) or (namespace and ready_key is None):
+            raise ConfigError(f"namespace names the key prefix of an adopted queue's lists "
+                              f"(with ready_key), a str; got {namespace!r}")
+        self.namespace = namespace
         self._record = record
         self._adopted = ready_key is not None
         self._payloads_key = payloads_key
@@ -181,7 +190,7 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin):
             self.kind, self.name, self.config,
             ready_key=self.keys.ready if self._adopted else None,
             level_keys=self.keys.levels[1:] if self._adopted else (), named=self._named,
-            shards=shards, payloads_key=self._payloads_key,
+            shards=shards, payloads_key=self._payloads_key, namespace=self.namespace,
         )
 
     def _adopt(self, recorded: QueueRecord) -> None:

@@ -1,7 +1,9 @@
 """The queue registry: what every process and tool must agree on about a queue, in Redis.
 
 Opening a queue records it in one hash per key prefix (``belayq:queues``, see
-:func:`~belayq.keys.registry_key`), one field per queue (``<kind>/<name>``), so that any
+:func:`~belayq.keys.registry_key`), one field per queue (``<kind>/<name>``, or
+``<kind>:<namespace>/<name>`` for a queue of a framework's non-default namespace: see
+:mod:`belayq.identity`), so that any
 other process or tool (the sweep of another consumer, ``belayq``, the dashboard, the
 exporter) finds every queue at O(queues) cost, never by scanning the keyspace, and acts on
 it with the queue's own configuration, never with defaults of its own.
@@ -48,7 +50,9 @@ from typing import Any
 
 from .config import QueueConfig
 from .errors import NO_PERMISSION, OUT_OF_MEMORY, ConfigError
+from .identity import namespace_of, registry_field
 from .keys import registry_key
+from .models import text as _text
 
 log = logging.getLogger("belayq")
 
@@ -107,6 +111,9 @@ class QueueRecord:
             stock consumers pop the same lists); None as for ``history_max``.
         payloads_key: The payloads hash of an adopted queue that keeps its payloads in its
             framework's own hash (Dramatiq's ``<list>.msgs``); None for the queue's own.
+        namespace: What sets it apart from a queue of the same kind and name on the same
+            server (Dramatiq's ``namespace``, kombu's ``global_keyprefix``, when not the
+            framework's default); ``""`` in the default one.
         named: The limits (and kept fields) some process named itself (the others are
             belayq's defaults, which a process naming them sets without a warning).
         facts: What its framework needs to find it again (kombu: the key prefix and the
@@ -132,6 +139,7 @@ class QueueRecord:
     events: bool | None = None
     bell: bool | None = None
     payloads_key: str | None = None
+    namespace: str = ""
     named: tuple[str, ...] = ()
     facts: Mapping[str, Any] = field(default_factory=dict)
     changed_ms: int = 0
@@ -140,7 +148,7 @@ class QueueRecord:
     @property
     def field(self) -> str:
         """The registry hash field of this queue."""
-        return f"{self.kind}/{self.name}"
+        return registry_field(self.kind, self.name, self.namespace)
 
     def options(self) -> dict[str, Any]:
         """The :class:`~belayq.ReliableQueue` keyword arguments that open this queue as
@@ -153,6 +161,8 @@ class QueueRecord:
             out.update(ready_key=self.ready_key, level_keys=list(self.level_keys))
         if self.payloads_key is not None:
             out["payloads_key"] = self.payloads_key
+        if self.namespace:
+            out["namespace"] = self.namespace
         return out
 
     def to_json(self) -> str:
@@ -175,13 +185,15 @@ class QueueRecord:
         body["level_keys"] = tuple(body.get("level_keys") or ())
         body["priority_steps"] = tuple(body["priority_steps"])
         body["named"] = tuple(body.get("named") or ())
+        if "namespace" not in body:  # written by an earlier belayq: its ready list says
+            body["namespace"] = namespace_of(body["kind"], body["name"], body.get("ready_key"))
         return cls(**body)
 
 
 def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | None,
               level_keys: Iterable[str], named: Iterable[str] = (), shards: int = 1,
               facts: Mapping[str, Any] | None = None,
-              payloads_key: str | None = None) -> QueueRecord:
+              payloads_key: str | None = None, namespace: str = "") -> QueueRecord:
     """The record of a queue opened with ``config``; ``named``: the limits the opener
     named itself."""
     return QueueRecord(
@@ -191,7 +203,7 @@ def record_of(kind: str, name: str, config: QueueConfig, *, ready_key: str | Non
         max_deliveries=config.max_deliveries, dead_letter_max=config.dead_letter_max,
         exhausted=config.exhausted, history_max=config.history_max,
         history_ttl_ms=config.history_ttl_ms, events=config.events, bell=config.bell,
-        payloads_key=payloads_key,
+        payloads_key=payloads_key, namespace=namespace,
         named=tuple(sorted(set(named) & {*LIMIT_FIELDS, *KEPT_FIELDS})),
         facts=dict(facts or {}),
         changed_ms=int(time.time() * 1000), changed_by=f"{socket.gethostname()}:{os.getpid()}",
@@ -210,20 +222,49 @@ class Registry:
         self.client = client
         self.key = registry_key(prefix)
 
-    def get(self, kind: str, name: str) -> QueueRecord | None:
-        """The record of queue ``name`` of ``kind``, or None."""
-        raw = self.client.hget(self.key, f"{kind}/{name}")
-        return None if raw is None else _readable(raw)
+    def get(self, kind: str, name: str, namespace: str = "") -> QueueRecord | None:
+        """The record of queue ``name`` of ``kind`` in ``namespace``, or None (one an
+        earlier belayq wrote under ``<kind>/<name>`` is found too)."""
+        raw = self.client.hget(self.key, registry_field(kind, name, namespace))
+        if raw is not None:
+            return _readable(raw)
+        return self._earlier(kind, name, namespace)
+
+    def _earlier(self, kind: str, name: str, namespace: str) -> QueueRecord | None:
+        """The record an earlier belayq wrote for a queue of a non-default ``namespace``
+        under the field of the default one, or None."""
+        if not namespace:
+            return None
+        raw = self.client.hget(self.key, registry_field(kind, name))
+        rec = None if raw is None else _readable(raw)
+        return rec if rec is not None and rec.namespace == namespace else None
 
     def all(self) -> list[QueueRecord]:
-        """Every record, by kind then name (records this belayq cannot read are left out)."""
-        out = [r for raw in self.client.hvals(self.key) if (r := _readable(raw)) is not None]
-        return sorted(out, key=lambda r: (r.kind, r.name))
+        """Every record, by kind, name and namespace (records this belayq cannot read are
+        left out), each queue once: a record an earlier belayq wrote under the field of the
+        default namespace is listed under its own."""
+        out: dict[str, QueueRecord] = {}
+        moved = []
+        for stored, raw in self.client.hgetall(self.key).items():
+            rec = _readable(raw)
+            if rec is None:
+                continue
+            if rec.field == _text(stored):
+                out[rec.field] = rec
+            else:
+                moved.append(rec)
+        for rec in moved:
+            out.setdefault(rec.field, rec)
+        return sorted(out.values(), key=lambda r: (r.kind, r.name, r.namespace))
 
     def record(self, rec: QueueRecord) -> QueueRecord:
         """Record ``rec`` (a process opening the queue), and return what now stands: the
         limits ``rec`` names replace the recorded ones (with a warning when another process
         had named them otherwise); the others stay as recorded (see the module doc).
+
+        A record an earlier belayq wrote under ``<kind>/<name>`` for a queue of another
+        namespace moves to its own field; one it wrote for this queue is taken as this
+        queue's, and moves to this queue's field.
 
         On a full server (``maxmemory`` under ``noeviction``) the write is refused: what
         would stand is returned all the same, with a warning, so that a queue can always be
@@ -235,51 +276,76 @@ class Registry:
         """
         for _ in range(3):
             raw = self.client.hget(self.key, rec.field)
-            if raw is None:
+            old = None if raw is None else _readable(raw)
+            if raw is not None and old is None:  # written by another belayq version: left
+                return rec
+            if old is not None and old.field != rec.field:
+                try:  # an earlier belayq's record of another namespace's queue: its own now
+                    self.client.hsetnx(self.key, old.field, old.to_json())
+                    self.client.hdel(self.key, rec.field)
+                except OUT_OF_MEMORY as exc:
+                    return _unwritten(self.key, rec, exc)
+                continue
+            earlier = self._earlier(rec.kind, rec.name, rec.namespace) if old is None else None
+            if old is None and earlier is None:
                 try:
                     if self.client.hsetnx(self.key, rec.field, rec.to_json()):
                         return rec
                 except OUT_OF_MEMORY as exc:
                     return _unwritten(self.key, rec, exc)
                 continue  # another process recorded it meanwhile: compare with that
-            old = _readable(raw)
-            if old is None:  # written by another belayq version: left as it is
-                return rec
-            check_layout(old, rec)
-            changed = {f: (getattr(old, f), getattr(rec, f)) for f in rec.named
-                       if getattr(old, f) != getattr(rec, f)}
-            # A record written before these fields were recorded learns them now.
-            changed.update({f: (None, getattr(rec, f)) for f in (*KEPT_FIELDS, "bell")
-                            if getattr(old, f) is None and f not in changed})
-            named = tuple(sorted(set(old.named) | set(rec.named)))
-            if not changed and named == old.named:
-                return old
-            new = replace(old, named=named, **{f: b for f, (_, b) in changed.items()})
-            if any(f in LIMIT_FIELDS for f in changed):
-                new = replace(new, changed_ms=rec.changed_ms, changed_by=rec.changed_by)
-                loud = {f: ab for f, ab in changed.items()
-                        if f in old.named and f in LIMIT_FIELDS}
-                if loud:
-                    _warn_changed(rec, old, loud)
+            stood = old if old is not None else earlier
+            assert stood is not None
+            check_layout(stood, rec)
+            new = _merged_record(stood, rec)
+            if new is stood and earlier is None:
+                return stood
             try:
                 self.client.hset(self.key, rec.field, new.to_json())
+                if earlier is not None:
+                    self.client.hdel(self.key, registry_field(rec.kind, rec.name))
             except OUT_OF_MEMORY as exc:
                 return _unwritten(self.key, new, exc)
             return new
         raise ConfigError(f"could not record queue {rec.name!r}: the registry kept changing")
 
-    def note_facts(self, kind: str, name: str, facts: Mapping[str, Any]) -> None:
+    def note_facts(self, kind: str, name: str, facts: Mapping[str, Any],
+                   namespace: str = "") -> None:
         """Add what a framework needs to find a recorded queue again (lists are joined)."""
-        rec = self.get(kind, name)
+        rec = self.get(kind, name, namespace)
         if rec is None:
             return
         merged = _merged(rec.facts, facts)
         if merged != dict(rec.facts):
             self.client.hset(self.key, rec.field, replace(rec, facts=merged).to_json())
 
-    def forget(self, kind: str, name: str) -> bool:
-        """Remove the record of a queue (it was dropped)."""
-        return bool(self.client.hdel(self.key, f"{kind}/{name}"))
+    def forget(self, kind: str, name: str, namespace: str = "") -> bool:
+        """Remove the record of a queue (it was dropped), wherever an earlier belayq put
+        it."""
+        fields = [registry_field(kind, name, namespace)]
+        if self._earlier(kind, name, namespace) is not None:
+            fields.append(registry_field(kind, name))
+        return bool(self.client.hdel(self.key, *fields))
+
+
+def _merged_record(old: QueueRecord, rec: QueueRecord) -> QueueRecord:
+    """What stands once ``rec`` is recorded over ``old`` (``old`` itself when nothing
+    changes): the limits ``rec`` names, and the fields ``old`` was written without."""
+    changed = {f: (getattr(old, f), getattr(rec, f)) for f in rec.named
+               if getattr(old, f) != getattr(rec, f)}
+    # A record written before these fields were recorded learns them now.
+    changed.update({f: (None, getattr(rec, f)) for f in (*KEPT_FIELDS, "bell")
+                    if getattr(old, f) is None and f not in changed})
+    named = tuple(sorted(set(old.named) | set(rec.named)))
+    if not changed and named == old.named:
+        return old
+    new = replace(old, named=named, **{f: b for f, (_, b) in changed.items()})
+    if any(f in LIMIT_FIELDS for f in changed):
+        new = replace(new, changed_ms=rec.changed_ms, changed_by=rec.changed_by)
+        loud = {f: ab for f, ab in changed.items() if f in old.named and f in LIMIT_FIELDS}
+        if loud:
+            _warn_changed(rec, old, loud)
+    return new
 
 
 def record_or_warn(registry: Registry, rec: QueueRecord) -> QueueRecord:

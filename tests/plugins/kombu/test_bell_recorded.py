@@ -58,3 +58,32 @@ def test_a_fleet_with_the_bell_off_never_gets_a_bell_from_producers_or_tools(
         got.ack()
         s.close()
     client.close()
+
+
+def test_two_celery_apps_apart_by_their_global_keyprefix_share_one_redis(
+    url: str, port: int, kq: str
+) -> None:
+    client = redis.Redis(port=port)
+    # A key prefix with a hash tag keeps the registry under belayq's own prefix: both
+    # apps' records meet in one hash, told apart by their namespace.
+    apps = [{"global_keyprefix": "{app1}:", "max_deliveries": 3},
+            {"global_keyprefix": "{app2}:", "max_deliveries": 9}]
+    for options in apps:
+        with kombu.Connection(url, transport_options=options) as conn:
+            q = conn.SimpleQueue(kq)
+            q.put({"app": options["global_keyprefix"]})
+            q.close()
+    for options in apps:
+        prefix = str(options["global_keyprefix"])
+        rec = Registry(client).get("kombu", kq, namespace=prefix)
+        assert rec is not None and rec.ready_key == f"{prefix}{kq}"
+        assert rec.max_deliveries == options["max_deliveries"]
+        tool = open_found(client, find(client, kq, "kombu", namespace=prefix))
+        assert tool.stats()["ready"] == 1
+        with kombu.Connection(url, transport_options=options) as conn:
+            q = conn.SimpleQueue(kq)
+            m = q.get(timeout=5)
+            assert m.payload == {"app": prefix}
+            m.ack()
+            q.close()
+    client.close()

@@ -301,6 +301,10 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         f"only queues of this kind, {kinds} (default auto: any)"))
     p.add_argument("--prefix", default="belayq", help="the key prefix of belayq's own queues "
                    "and of its registry (the queues' prefix setting; default %(default)s)")
+    if name in ONE_QUEUE or name in ("watch", "exporter"):
+        p.add_argument("--namespace", default=None, metavar="NS", help=(
+            "the namespace of QUEUE when apps share the server: Dramatiq's namespace, "
+            "Celery's global_keyprefix ('' is the framework's default; default: any)"))
     if name not in ("exporter", "dashboard"):
         p.add_argument("--json", action="store_true",
                        help="print JSON, one object per line, instead of a table")

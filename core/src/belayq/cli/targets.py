@@ -197,12 +197,20 @@ def found_names(client: redis.Redis, args: argparse.Namespace) -> list[Found]:
     """The queues the command's QUEUE arguments name (each must be known), or, when it
     names none, every queue known (of ``--kind``)."""
     names = getattr(args, "queue", None) or []
-    return ([find(client, n, args.kind, prefix=args.prefix) for n in names]
+    return ([find(client, n, args.kind, prefix=args.prefix, namespace=_namespace(args))
+             for n in names]
             or list_queues(client, args.prefix, kind_filter(args.kind)))
 
 
 def open_named(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
     """The queue ``args.queue`` of ``args.kind`` as recorded (refused when no registry or
     framework knows it: :class:`~belayq.discovery.NoQueue`), and how it was found."""
-    found = find(client, args.queue, args.kind, prefix=args.prefix)
+    found = find(client, args.queue, args.kind, prefix=args.prefix,
+                 namespace=_namespace(args))
     return found, open_found(client, found, prefix=args.prefix)
+
+
+def _namespace(args: argparse.Namespace) -> str | None:
+    """The ``--namespace`` asked for (None: any)."""
+    namespace: str | None = getattr(args, "namespace", None)
+    return namespace

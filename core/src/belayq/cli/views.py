@@ -164,7 +164,10 @@ def queue_rows(
 
 def queue_columns(rows: Sequence[dict[str, Any]]) -> tuple[str, ...]:
     """The columns of a queue listing: an ``error`` column when a line has one."""
-    return (*QUEUE_COLUMNS, "error") if any("error" in r for r in rows) else QUEUE_COLUMNS
+    columns: tuple[str, ...] = QUEUE_COLUMNS
+    if any(r.get("namespace") for r in rows):  # apps apart by their namespace share the server
+        columns = (*columns[:2], "namespace", *columns[2:])
+    return (*columns, "error") if any("error" in r for r in rows) else columns
 
 
 def queue_row(found: Found, q: AnyQueue,
@@ -173,9 +176,12 @@ def queue_row(found: Found, q: AnyQueue,
     numbers every tool shows (:mod:`belayq.readmodel`) and two counters of the stats hash
     (``read``: the queue's stats and numbers, when already read)."""
     stats, counts = readmodel.read_stats(q) if read is None else read
-    return {"kind": found.kind, "queue": q.name, "shards": stats.get("shards", 1),
-            "recorded": found.recorded, "reclaimed": stats.get("reclaimed", 0),
-            "dead_lettered": stats.get("dead_lettered", 0), **counts}
+    row = {"kind": found.kind, "queue": q.name, "shards": stats.get("shards", 1),
+           "recorded": found.recorded, "reclaimed": stats.get("reclaimed", 0),
+           "dead_lettered": stats.get("dead_lettered", 0), **counts}
+    if found.namespace:  # apps apart by their namespace share the server
+        row["namespace"] = found.namespace
+    return row
 
 
 def dead_ids(q: AnyQueue, ids: Iterable[str]) -> set[str]:

@@ -86,7 +86,7 @@ class Dashboard:
         self.kind = kind
         self.prefix = prefix
         self.demo = demo
-        self._open: dict[tuple[str, str], tuple[Found, AnyQueue]] = {}
+        self._open: dict[tuple[str, str, str], tuple[Found, AnyQueue]] = {}
         self._found: tuple[float, list[Found]] | None = None
         self.rates = readmodel.Rates()
 
@@ -105,45 +105,48 @@ class Dashboard:
         return self._found[1]
 
     def queue(self, kind: str, name: str,
-              records: Mapping[tuple[str, str], QueueRecord] | None = None
-              ) -> tuple[Found, AnyQueue]:
+              records: Mapping[tuple[str, str, str], QueueRecord] | None = None,
+              namespace: str = "") -> tuple[Found, AnyQueue]:
         """The queue ``name`` of ``kind`` among those shown, as its record stands now (read
         again, or taken from ``records``, read once for a whole page): the queue is opened
         again whenever its record changed, so every request applies the limits, the bell,
-        the history and the events recorded at that moment.
+        the history and the events recorded at that moment. ``namespace``: of an app that
+        shares the server with another (Dramatiq's namespace, Celery's global_keyprefix).
 
         Raises:
             LookupError: No such queue is shown.
         """
-        key = (kind, name)
-        hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
+        key = (kind, name, namespace)
+        hit = next((f for f in self.found() if (f.kind, f.name, f.namespace) == key), None)
         if hit is None:
             self._found = None  # perhaps created since the last look
-            hit = next((f for f in self.found() if (f.kind, f.name) == key), None)
+            hit = next((f for f in self.found() if (f.kind, f.name, f.namespace) == key), None)
         if hit is None:
-            raise LookupError(f"no queue {name!r} of kind {kind} here")
+            where = f" in namespace {namespace!r}" if namespace else ""
+            raise LookupError(f"no queue {name!r} of kind {kind}{where} here")
         if self.demo is not None:
             return hit, self.demo.producer
         now = (records.get(key) if records is not None
-               else Registry(self.client, self.prefix).get(kind, name))
+               else Registry(self.client, self.prefix).get(kind, name, namespace))
         hit = dataclasses.replace(hit, record=now)
         held = self._open.get(key)
         if held is None or held[0] != hit:
             held = self._open[key] = (hit, open_found(self.client, hit, prefix=self.prefix))
         return held
 
-    def records(self) -> dict[tuple[str, str], QueueRecord] | None:
+    def records(self) -> dict[tuple[str, str, str], QueueRecord] | None:
         """Every queue's record as it stands now: one read of the registry for a page."""
         if self.demo is not None:
             return None
-        return {(r.kind, r.name): r for r in Registry(self.client, self.prefix).all()}
+        return {(r.kind, r.name, r.namespace): r
+                for r in Registry(self.client, self.prefix).all()}
 
     def overview(self) -> dict[str, Any]:
         items, rows = [], []
         records = self.records()
         for f in self.found():
             try:
-                items.append(self.queue(f.kind, f.name, records))
+                items.append(self.queue(f.kind, f.name, records, f.namespace))
             except ConnectionLost:
                 raise
             except _SHOWN as exc:  # one that cannot be opened is a line with its error
@@ -155,8 +158,8 @@ class Dashboard:
 
     def search(self, message_id: str) -> list[dict[str, Any]]:
         records = self.records()
-        return console.search([self.queue(f.kind, f.name, records) for f in self.found()],
-                              message_id)
+        return console.search([self.queue(f.kind, f.name, records, f.namespace)
+                               for f in self.found()], message_id)
 
     def detail(self, found: Found, q: AnyQueue) -> dict[str, Any]:
         hung = set(self.demo.hung) if self.demo else set()
@@ -268,15 +271,19 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
 
         return endpoint
 
+    def opened(request: Request) -> tuple[Found, AnyQueue]:
+        """The queue a request names (``?namespace=`` when apps share the server)."""
+        return board.queue(request.path_params["kind"], request.path_params["name"],
+                           namespace=request.query_params.get("namespace", ""))
+
     def target(request: Request) -> AnyQueue:
-        return board.queue(request.path_params["kind"], request.path_params["name"])[1]
+        return opened(request)[1]
 
     def overview(request: Request, body: dict[str, Any]) -> Any:
         return board.overview()
 
     def detail(request: Request, body: dict[str, Any]) -> Any:
-        return board.detail(*board.queue(request.path_params["kind"],
-                                         request.path_params["name"]))
+        return board.detail(*opened(request))
 
     def done(request: Request, q: AnyQueue, action: str, result: dict[str, Any],
              **detail: Any) -> dict[str, Any]:
@@ -287,7 +294,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         return result
 
     def sweep(request: Request, body: dict[str, Any]) -> Any:
-        found, q = board.queue(request.path_params["kind"], request.path_params["name"])
+        found, q = opened(request)
         if not found.recorded:
             raise ConfigError(f"no process has recorded the limits of {found.name!r} (only "
                               "its framework knows it): its recovery pass is left to its "

@@ -190,8 +190,10 @@ class Channel(stock.Channel):  # type: ignore[misc]
             # them is left once their messages are taken.
             options = {"transient": True, "record": False, **options}
         names = [self.global_keyprefix + self._q_for_pri(name, s) for s in self.priority_steps]
+        # Apps apart by their global_keyprefix on one Redis have queues apart (identity.py).
         return ReliableQueue(self.core_client, name, ready_key=names[0], level_keys=names[1:],
-                             kind="kombu", **{**self._core_options, **options})
+                             kind="kombu", namespace=self.global_keyprefix,
+                             **{**self._core_options, **options})
 
     # -- publish -----------------------------------------------------------------------
 

@@ -114,7 +114,7 @@ def _recorded(channel: Any, name: str) -> Any:
     client = channel.core_client
     prefix = channel._core_options["prefix"]
     try:
-        found = find(client, name, "kombu", prefix=prefix)
+        found = find(client, name, "kombu", prefix=prefix, namespace=channel.global_keyprefix)
     except NoQueue:
         found = None
     if found is not None and found.recorded:

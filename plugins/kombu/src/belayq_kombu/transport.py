@@ -117,7 +117,7 @@ class Transport(stock.Transport):  # type: ignore[misc]
         facts: dict[str, Any] = {"keyprefix": channel.global_keyprefix, "exchanges": [exchange]}
         if channel.sep != options.stock.Channel.sep:
             facts["sep"] = channel.sep
-        Registry(rq.client, rq.config.prefix).note_facts("kombu", queue, facts)
+        Registry(rq.client, rq.config.prefix).note_facts("kombu", queue, facts, rq.namespace)
 
     def driver_version(self) -> str:
         return f"belayq {belayq_version}, redis-py {redis.__version__}"
