@@ -15,6 +15,7 @@ import redis
 
 from belayq import ReliableQueue
 from belayq.embedded import RedisServer
+from belayq.keys import dramatiq_layout
 from tests.conftest import any_binary, client_of
 from tests.web.test_dashboard import call
 
@@ -92,3 +93,22 @@ def test_on_a_full_server_a_done_pause_answers_done_and_the_log_is_best_effort(
     finally:
         client.config_set("maxmemory", 0)
     assert worker.stats()["paused"] == 0
+
+
+def test_two_apps_queues_of_one_name_are_two_lines_and_two_details(
+    client: redis.Redis, served: Any
+) -> None:
+    mine = ReliableQueue(client, "default", keeper=False, **dramatiq_layout("default"))
+    theirs = ReliableQueue(client, "default", keeper=False,
+                           **dramatiq_layout("default", namespace="app2"))
+    mine.publish(b"a")
+    theirs.publish_many([b"b", b"c"])
+    with served(web.create_app(client)) as base:
+        status, o = call(f"{base}/api/overview")
+        assert status == 200
+        assert sorted((q.get("namespace", ""), q["ready"]) for q in o["queues"]
+                      if q["kind"] == "dramatiq") == [("", 1), ("app2", 2)]
+        api = f"{base}/api/queue/dramatiq/default"
+        assert call(api)[1]["stats"]["ready"] == 1
+        assert call(f"{api}?namespace=app2")[1]["stats"]["ready"] == 2
+        assert call(f"{api}?namespace=app3")[0] == 404

@@ -87,7 +87,9 @@ def _guarded(found: Found, read: Any) -> dict[str, Any]:
 def _row(found: Found, q: AnyQueue, stats: dict[str, int], counts: readmodel.Counts,
          rates: Rates) -> dict[str, Any]:
     row = views.queue_row(found, q, (stats, counts))
-    row["in_per_min"], row["out_per_min"] = rates.update((found.kind, found.name), counts)
+    row["in_per_min"], row["out_per_min"] = rates.update(
+        (found.kind, f"{found.namespace}/{found.name}" if found.namespace else found.name),
+        counts)
     return row
 
 
