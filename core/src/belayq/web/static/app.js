@@ -2,6 +2,7 @@
 // (#/queue/<kind>/<name>), search by message id, and the demo's pool when there is one.
 // It reads the JSON API every second; nothing is loaded from anywhere else.
 import { $, ApiError, age, api, enc, esc, num, queuePath, renderInto } from "./util.js";
+import { closeMessageUnlessOf } from "./dialogs.js";
 import { closeQueue, initQueue, open, openQueue, renderQueue } from "./queue.js";
 
 const REFRESH_MS = 1000;
@@ -255,6 +256,7 @@ export function refresh() {
 
 window.addEventListener("hashchange", () => {
   const r = route();
+  closeMessageUnlessOf(r.view === "queue" ? r.kind : null, r.view === "queue" ? r.name : null);
   const q = openQueue();
   if (r.view !== "queue" || !q || q.kind !== r.kind || q.name !== r.name) {
     $("queue-page").hidden = true;  // nothing of another queue shows while this one loads

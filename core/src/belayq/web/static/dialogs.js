@@ -136,6 +136,9 @@ function messageHtml(kind, name, m) {
  * buttons its state allows: [{label, testid, run}], each run closing the detail first. */
 export async function showMessage(kind, name, id, actionsFor) {
   const dialog = $("message");
+  const whose = `${kind}/${name}/${id}`;
+  dialog.dataset.queue = `${kind}/${name}`;
+  dialog.dataset.shows = whose;
   $("message-id").textContent = id;
   $("message-body").innerHTML = '<p class="muted">loading…</p>';
   $("message-actions").innerHTML = "";
@@ -145,9 +148,12 @@ export async function showMessage(kind, name, id, actionsFor) {
   try {
     m = await api(`${queuePath(kind, name)}/message/${enc(id)}`);
   } catch (e) {
-    $("message-body").innerHTML = `<p class="error" data-testid="message-missing">${esc(e.message)}</p>`;
+    if (dialog.open && dialog.dataset.shows === whose) {
+      $("message-body").innerHTML = `<p class="error" data-testid="message-missing">${esc(e.message)}</p>`;
+    }
     return;
   }
+  if (!dialog.open || dialog.dataset.shows !== whose) return;  // closed, or another since
   $("message-body").innerHTML = messageHtml(kind, name, m);
   const buttons = actionsFor ? actionsFor(m) : [];
   const bar = $("message-actions");
@@ -163,4 +169,12 @@ export async function showMessage(kind, name, id, actionsFor) {
 }
 
 $("message-close").addEventListener("click", () => $("message").close());
+
+/** Close the message's detail unless it is one of queue ``kind``/``name`` (null: any). */
+export function closeMessageUnlessOf(kind, name) {
+  const dialog = $("message");
+  if (dialog.open && (kind === null || dialog.dataset.queue !== `${kind}/${name}`)) {
+    dialog.close();
+  }
+}
 $("message-copy").addEventListener("click", (e) => copy($("message-id").textContent, e.target));
