@@ -93,7 +93,8 @@ class HeldClaims(Observing):
     def nack(self, delivery: Delivery, *, delay_ms: int | None = 0, reason: str = "") -> str:
         raise NotImplementedError
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+    def dead_letter(self, delivery: Delivery, reason: str, *, runs_before: int = 0,
+                    payload: bytes | None = None) -> bool:
         raise NotImplementedError
 
     def release(self, deliveries: Sequence[Delivery]) -> int:

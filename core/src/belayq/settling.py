@@ -187,16 +187,40 @@ class Settling(HeldClaims):
         return _text(reply)
 
     @_redis_errors
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
-        """Dead-letter a claim now (a malformed or unknown message). False if stale.
+    def dead_letter(self, delivery: Delivery, reason: str, *, runs_before: int = 0,
+                    payload: bytes | None = None) -> bool:
+        """Dead-letter a claim now (a malformed or unknown message, or one the framework
+        gave up on). False if stale.
+
+        Args:
+            delivery: The claim.
+            reason: Why (shown in the dead letter).
+            runs_before: Runs the framework made of this message under earlier ids (a
+                framework that retries by sending a new message, as Dramatiq): the dead
+                letter counts them among its deliveries and runs.
+            payload: The payload the dead letter keeps instead of the claimed one: what a
+                replay delivers (e.g. the message with its framework's retry count reset).
+                Not with ``payload_in_list``, where the entry is the payload.
 
         Raises:
-            ConfigError: Not a Delivery of this queue, or a reason that is not a str.
+            ConfigError: Not a Delivery of this queue, a reason that is not a str, a
+                ``runs_before`` that is no int >= 0, or a ``payload`` that is no non-empty
+                bytes, or given with ``payload_in_list``. Nothing is sent.
         """
         check_delivery("dead_letter", delivery, self._owner)
         check_text("reason", reason)
+        check_int("runs_before", runs_before)
+        if payload is not None and (not isinstance(payload, bytes) or not payload
+                                    or self.config.payload_in_list):
+            raise ConfigError(
+                "payload must be non-empty bytes, on a queue whose payloads are not its list "
+                f"entries (payload_in_list=False); got {type(payload).__name__} with "
+                f"payload_in_list={self.config.payload_in_list}"
+            )
         with self._settling([delivery]):
             args: list[Arg] = [delivery.id, delivery.token, 0, reason[:REASON_MAX_CHARS], "1"]
+            if runs_before or payload is not None:
+                args += [runs_before, payload or b""]
             reply = self._scripts.run(
                 "nack", *args, request_id=request_id(), durable=self.config.durable
             )

@@ -255,9 +255,11 @@ class ShardedQueue(ShardedLayout):
         that shard)."""
         return self.shard_of(delivery).nack(delivery, delay_ms=delay_ms, reason=reason)
 
-    def dead_letter(self, delivery: Delivery, reason: str) -> bool:
+    def dead_letter(self, delivery: Delivery, reason: str, *, runs_before: int = 0,
+                    payload: bytes | None = None) -> bool:
         """As :meth:`ReliableQueue.dead_letter`, on the claim's shard."""
-        return self.shard_of(delivery).dead_letter(delivery, reason)
+        return self.shard_of(delivery).dead_letter(delivery, reason, runs_before=runs_before,
+                                                   payload=payload)
 
     def extend(self, deliveries: Sequence[Delivery]) -> list[bool]:
         """As :meth:`ReliableQueue.extend`: one script per shard involved."""

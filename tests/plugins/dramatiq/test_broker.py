@@ -65,23 +65,42 @@ def test_nack_dead_letters_with_the_reason(broker: Broker, worker: Worker) -> No
     message = fails.send()
     drain(broker, worker)
     assert reasons(broker) == ["ValueError: boom"]
-    # the failed run is recorded for the tools, with its traceback
+    # counted once, as the dead letter: its run is no failed run to retry
     core = broker.store("default").core
     tools = tools_for("dramatiq")
     assert tools is not None
-    [row] = tools.failed(core, 10)  # type: ignore[attr-defined]
-    assert (row["id"], row["task"], row["reason"]) == (message.message_id, "fails",
-                                                       "ValueError: boom")
+    assert tools.failed(core, 10) == []  # type: ignore[attr-defined]
     # the message as the dashboard opens it: by its entry in the queue (in stock's keys the
     # id it was sent with; in belayq's own, the core's id)
     [dead] = core.dead_letters()
     entry = message.options["redis_message_id"] if broker.shards is None else dead.id
     detail = tools.message(core, entry)  # type: ignore[attr-defined]
-    assert "raise ValueError" in detail["last_failure"]["exc_info"]
-    assert detail["actor_name"] == "fails"
-    # asked by Dramatiq's own id (no body under it): the failed run alone, as a failed job
+    assert detail["actor_name"] == "fails" and "last_failure" not in detail
+
+
+def test_a_failed_run_that_is_retried_is_recorded_with_its_traceback(
+    broker: Broker, worker: Worker
+) -> None:
+    runs: list[int] = []
+
+    @dramatiq.actor(max_retries=1, min_backoff=10, max_backoff=20)
+    def flaky() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            raise ValueError("boom")
+
+    message = flaky.send()
+    drain(broker, worker)
+    core = broker.store("default").core
+    tools = tools_for("dramatiq")
+    assert tools is not None
+    [row] = tools.failed(core, 10)  # type: ignore[attr-defined]
+    assert (row["id"], row["task"], row["reason"]) == (message.message_id, "flaky",
+                                                       "ValueError: boom")
+    # asked by Dramatiq's own id (no body under it): the failed run, as a failed job
     run = tools.message(core, message.message_id)  # type: ignore[attr-defined]
-    assert (run["framework"], run["status"], run["task"]) == ("dramatiq", "failed", "fails")
+    assert (run["framework"], run["status"], run["task"]) == ("dramatiq", "failed", "flaky")
+    assert "raise ValueError" in run["exc_info"]
 
 
 def test_unknown_actor_is_dead_lettered_with_the_reason(broker: Broker, worker: Worker) -> None:

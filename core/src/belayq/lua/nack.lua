@@ -16,6 +16,11 @@
 -- ARGV[9]  delay_ms  0 = ready now (front of its list), > 0 = delayed that long
 -- ARGV[10] reason    kept as the last error
 -- ARGV[11] bury      '1' = dead-letter now whatever the count
+-- ARGV[12] runs_before  (optional, with ARGV[13]; bury only) runs the framework made of this
+--          message under earlier ids (a Dramatiq retry is a new message): added to its
+--          deliveries and attempts in the dead letter
+-- ARGV[13] payload   (optional; bury only) '' = keep it; else the payload the dead letter
+--          keeps, which a replay delivers (refused in inline mode, where the entry is it)
 -- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token). A call
 -- re-sent with the same request id answers as its first run did.
 -- FLAGS: allow-oom (a full server still runs it: the claim must settle)
@@ -32,11 +37,17 @@ local k = {leases = KEYS[1], delayed = KEYS[2], dead = KEYS[3], meta = KEYS[4],
   payloads = KEYS[5], stats = KEYS[6], history_failed = KEYS[7], memo = KEYS[8],
   memo_exp = KEYS[9], levels = {}}
 for i = 10, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
-args_exactly(11)
+if #ARGV ~= 11 and #ARGV ~= 13 then bad('expected 11 or 13 arguments, got ' .. #ARGV) end
 local id, token = text_arg(7, 'id'), text_arg(8, 'token')
 local delay_ms = int_arg(9, 'delay_ms', 0)
 local reason = any_arg(10, 'reason')
 local bury = flag_arg(11, 'bury')
+local runs_before, payload = 0, ''
+if #ARGV == 13 then
+  runs_before = int_arg(12, 'runs_before', 0)
+  payload = any_arg(13, 'payload')
+  if payload ~= '' and INLINE then bad('payload (ARGV[13]) cannot replace an inline entry') end
+end
 
 local now = now_ms()
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
@@ -51,6 +62,8 @@ local outcome = 'dead'
 if bury then
   redis.call('ZREM', k.leases, id)
   if not m.s then m.a = m.a + 1 end
+  m.n, m.a = m.n + runs_before, m.a + runs_before
+  if payload ~= '' then redis.call('HSET', k.payloads, id, payload) end
   dead_letter(k, id, m, reason, now)
 else
   outcome = send_back(k, id, m, now, delay_ms, reason, true, true)

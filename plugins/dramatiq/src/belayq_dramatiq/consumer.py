@@ -23,7 +23,8 @@ from dramatiq.common import current_millis, q_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
-from belayq import ConnectionLost, Delivery
+from belayq import ConnectionLost, Delivery, ReliableQueue
+from belayq.observing import published_ms_of
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -36,11 +37,23 @@ MOVE_BATCH = 100
 
 
 class Proxy(MessageProxy):
-    """A Dramatiq message proxy that carries its claim."""
+    """A Dramatiq message proxy that carries its claim, and the runs its message had under
+    earlier ids (each ``Retries`` retry is a new message: ``retries`` when it was sent)."""
 
     def __init__(self, message: dramatiq.Message[Any], delivery: Delivery) -> None:
         super().__init__(message)
         self.belayq_delivery = delivery
+        retries = message.options.get("retries", 0)
+        self.belayq_runs_before = retries if isinstance(retries, int) and retries > 0 else 0
+
+
+def dead_letter_body(message: MessageProxy) -> bytes | None:
+    """The body a message that ``Retries`` retried keeps as a dead letter: its retry count
+    back to 0, so a replay gets every retry again (None: nothing to reset)."""
+    if "retries" not in message.options:
+        return None
+    original: dramatiq.Message[Any] = message._message
+    return original.copy(options={"retries": 0}).encode()
 
 
 def reason_of(message: MessageProxy, actors: Container[str]) -> str:
@@ -58,6 +71,15 @@ def reason_of(message: MessageProxy, actors: Container[str]) -> str:
     if exc is None:
         return "failed by Dramatiq (message.fail(), e.g. AgeLimit)"
     return f"{type(exc).__name__}: {exc}"
+
+
+def sent_ms(message: dramatiq.Message[Any]) -> float | None:
+    """When a message was last sent (ms since the epoch, the sender's clock): its retry's
+    requeue (``Retries`` stamps ``requeue_timestamp``), else its ``message_timestamp``."""
+    for sent in (message.options.get("requeue_timestamp"), message.message_timestamp):
+        if isinstance(sent, (int, float)) and not isinstance(sent, bool):
+            return float(sent)
+    return None
 
 
 class Consumer(dramatiq.Consumer):
@@ -140,6 +162,12 @@ class Consumer(dramatiq.Consumer):
             except Exception as exc:
                 self.store.core.dead_letter(delivery, f"undecodable message: {exc!r}"[:500])
                 continue
+            core = self.store.core
+            if (delivery.deliveries == 1 and isinstance(core, ReliableQueue)
+                    and published_ms_of(delivery.id) is None):
+                # An id the core did not choose (stock's uuid4) tells no publish time: the
+                # body does (a retry's requeue, else its send), for the queue-wait histogram.
+                core.first_claimed(delivery, sent_ms(message))
             # A delayed message waited in Redis: it is due now, and runs here.
             message.options.pop("eta", None)
             if message.queue_name != self.queue_name:  # a copy of a stock delay queue's
@@ -173,7 +201,12 @@ class Consumer(dramatiq.Consumer):
         if delivery is None:
             return
         try:
-            if not self.store.core.dead_letter(delivery, reason_of(message, self.broker.actors)):
+            # Counted with the runs of its earlier ids, and kept with its retries reset.
+            runs_before = getattr(message, "belayq_runs_before", 0)
+            if not self.store.core.dead_letter(
+                delivery, reason_of(message, self.broker.actors), runs_before=runs_before,
+                payload=dead_letter_body(message),
+            ):
                 log.warning("dead-lettering message %s on %s refused: it was claimed again",
                             message.message_id, self.queue_name)
         except ConnectionLost as exc:
