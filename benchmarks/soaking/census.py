@@ -1,0 +1,232 @@
+"""The census of a server's keys at the end of a soak: every key, grouped by pattern, and
+each group classified as kept on purpose within a documented cap (named, and checked), or
+as a LEAK: a key or a record that outlives its message without such a cap.
+
+Only the soak's own server is scanned (SCAN over a few thousand keys, once, at the end:
+never a hot path)."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from belayq import failures, rollups
+from belayq.constants import CONSUMERS_KEPT
+from belayq.models import text
+from belayq.web.console import ACTIONS_KEPT
+
+DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass
+class Key:
+    name: str
+    pattern: str
+    type: str
+    pttl: int  # ms; -1 none
+    size: int  # elements (a string: 1)
+    memory: int  # bytes (MEMORY USAGE)
+
+
+@dataclass
+class Group:
+    pattern: str
+    keys: list[Key] = field(default_factory=list)
+    verdict: str = "LEAK"
+    cap: str = ""
+    why: str = ""
+
+    @property
+    def memory(self) -> int:
+        return sum(k.memory for k in self.keys)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pattern": self.pattern, "keys": len(self.keys), "memory": self.memory,
+                "elements": sum(k.size for k in self.keys), "verdict": self.verdict,
+                "cap": self.cap, "why": self.why,
+                "max_ttl_s": max((round(k.pttl / 1000) for k in self.keys), default=-1),
+                "examples": [k.name for k in self.keys[:3]]}
+
+
+def normalise(name: str, queues: dict[str, str]) -> str:
+    """``name`` with the soak's queue names, task ids, worker names, uuids and numbers
+    replaced by placeholders, so keys of one kind share one pattern."""
+    out = name
+    for framework, q in queues.items():
+        out = out.replace(q, f"<{framework} queue>")
+    out = re.sub(r"sk-[crd]\d+", "<task>", out)
+    out = re.sub(r"soakw-[a-z]+-\d+-[0-9a-f]+", "<worker>", out)
+    out = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "<uuid>", out)
+    out = re.sub(r"[0-9a-f]{32,40}", "<hex>", out)
+    return re.sub(r"\d+", "<n>", out)
+
+
+SIZE = {"hash": "hlen", "list": "llen", "zset": "zcard", "set": "scard", "stream": "xlen"}
+
+
+def scan(r: redis.Redis, queues: dict[str, str]) -> list[Key]:
+    keys = []
+    for raw in r.scan_iter(count=1000):
+        name = raw.decode(errors="backslashreplace") if isinstance(raw, bytes) else str(raw)
+        kind = text(r.type(raw))
+        if kind == "none":
+            continue  # expired meanwhile
+        size = int(getattr(r, SIZE[kind])(raw)) if kind in SIZE else 1
+        keys.append(Key(name, normalise(name, queues), kind, int(r.pttl(raw)), size,
+                        int(r.memory_usage(raw, samples=0) or 0)))
+    return keys
+
+
+Check = Callable[[Key, "Context"], str | None]  # why the key is over its cap, or None
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the checks need beyond the key itself."""
+
+    rq_failed: frozenset[str] = frozenset()  # the job ids in RQ's failed registries
+
+
+def at_most(n: int, ttl_ms: int | None = None) -> Check:
+    def check(k: Key, ctx: Context) -> str | None:
+        if k.size > n:
+            return f"{k.name}: {k.size} elements, over {n}"
+        if ttl_ms is not None and not 0 < k.pttl <= ttl_ms:
+            return f"{k.name}: TTL {k.pttl} ms, not within {ttl_ms} ms"
+        return None
+    return check
+
+
+def ttl_within(ttl_ms: int) -> Check:
+    return at_most(2**62, ttl_ms)
+
+
+def context(r: redis.Redis) -> Context:
+    failed: set[str] = set()
+    for key in r.scan_iter(match="rq:failed:*", count=1000):
+        failed.update(text(m) for m in r.zrange(key, 0, -1))
+    return Context(rq_failed=frozenset(failed))
+
+
+def anything(k: Key, ctx: Context) -> str | None:
+    return None
+
+
+def rq_job_record(k: Key, ctx: Context) -> str | None:
+    """An RQ job's hash or results: kept while RQ keeps the job (it expires with
+    result_ttl, or the job is in a failed registry, whose cleanup deletes it with its
+    results after failure_ttl)."""
+    if 0 < k.pttl <= 366 * DAY_MS or k.name.rsplit(":", 1)[1] in ctx.rq_failed:
+        return None
+    return f"{k.name}: TTL {k.pttl} ms and its job is in no failed registry"
+
+
+#: (pattern regex, cap named, check). A key matching none is a LEAK; so is one over its cap.
+KEPT: list[tuple[str, str, Check]] = [
+    # belayq's own records, one key per queue (or per prefix), never one per message
+    (r"^belayq:queues$", "registry: one field per queue", anything),
+    (r":stats$", "the queue's counters: one hash per queue, fixed fields", anything),
+    (r":observed$", "the consumers' histograms: one hash per queue, fixed buckets", anything),
+    (r":rollups$", f"per-minute history: {rollups.KEEP_MINUTES} minutes (+{rollups.TRIM_SLACK}),"
+     " expires a day after its last write",
+     at_most(rollups.KEEP_MINUTES + rollups.TRIM_SLACK,
+             (rollups.KEEP_MINUTES + rollups.TRIM_SLACK) * rollups.MINUTE_MS)),
+    (r":actions$", f"the console's action log: newest {ACTIONS_KEPT}", at_most(ACTIONS_KEPT)),
+    (r":history:(done|failed|control)$", "history lists: history_max each", at_most(10_000)),
+    (r":failures(:at)?$", f"failed runs: newest {failures.KEPT}, expire "
+     f"{failures.KEEP_MS // DAY_MS} days after the last failure",
+     at_most(failures.KEPT, failures.KEEP_MS)),
+    (r":consumers$", f"consumer processes: newest {CONSUMERS_KEPT}", at_most(CONSUMERS_KEPT)),
+    (r":memo(:exp)?$", "reply memos: entries of the last reply window, each with its expiry",
+     anything),
+    (r":unpaused$", "the bell of a resumed queue: one element per queue", at_most(1)),
+    (r"^_kombu\.binding(\.|_deadlines$|_permanent\.)",
+     "kombu's binding tables and their expiry records: one per exchange", anything),
+    # RQ's own keys, as stock RQ keeps them
+    (r"^rq:queues$", "RQ's set of queues", anything),
+    (r"^rq:workers(:<rq queue>)?$", "RQ's live workers (pruned by RQ's maintenance)",
+     anything),
+    (r"^rq:worker:<worker>$", "an RQ worker's record: expires with worker_ttl",
+     ttl_within(60_000)),
+    (r"^rq:(finished|failed|wip|scheduled|deferred|canceled):<rq queue>$",
+     "RQ's registries of the jobs RQ keeps (their job hashes are checked below)", anything),
+    (r"^rq:(job|results):<task>$", "a job RQ keeps: result_ttl (500 s) when finished; "
+     "while in a failed registry (failure_ttl, 1 year) when failed", rq_job_record),
+    (r"^rq:scheduler-lock:<rq queue>$", "RQ's scheduler lock: expires", ttl_within(120_000)),
+    (r"^rq:clean_registries:<rq queue>$", "RQ's maintenance lock: expires", ttl_within(900_000)),
+    (r"^rq:scheduler_instance:", "RQ's scheduler record: expires", ttl_within(900_000)),
+]
+
+
+def classify(keys: list[Key], ctx: Context) -> list[Group]:
+    """Group ``keys`` by pattern and judge each group against its cap."""
+    groups: dict[str, Group] = {}
+    for k in keys:
+        groups.setdefault(k.pattern, Group(k.pattern)).keys.append(k)
+    for g in groups.values():
+        for pattern, cap, check in KEPT:
+            if re.search(pattern, g.pattern):
+                over = [why for why in (check(k, ctx) for k in g.keys) if why]
+                g.cap = cap
+                if over:
+                    g.verdict, g.why = "LEAK", f"over its cap: {over[0]}"
+                else:
+                    g.verdict = "kept"
+                break
+        else:
+            g.why = "no documented cap: it outlives its messages"
+    return sorted(groups.values(), key=lambda g: (g.verdict != "LEAK", g.pattern))
+
+
+def memory(r: redis.Redis) -> dict[str, int]:
+    info = r.info("memory")
+    names = ("used_memory", "used_memory_dataset", "used_memory_overhead", "mem_clients_normal",
+             "used_memory_scripts", "used_memory_vm_eval", "used_memory_scripts_eval",
+             "used_memory_vm_functions", "used_memory_functions")
+    stats = r.memory_stats()
+    tables = sum(int(v.get("overhead.hashtable.main", 0)) + int(v.get(
+        "overhead.hashtable.expires", 0)) for k, v in stats.items()
+        if k.startswith("db.") and isinstance(v, dict))
+    return {n: int(info.get(n, 0)) for n in names} | {
+        "dbsize": int(r.dbsize()), "overhead_hashtables": tables, "t": int(time.time())}
+
+
+#: What :func:`decompose` frees, in order, and how.
+PARTS: tuple[tuple[str, Callable[[redis.Redis], Any]], ...] = (
+    ("keys", lambda r: r.flushall()),
+    ("slow log", lambda r: r.slowlog_reset()),
+    ("script cache", lambda r: r.script_flush()),
+    ("function cache", lambda r: r.function_flush()),
+    # Redis 7 keeps a latency histogram per command name run since the last reset
+    ("per-command statistics", lambda r: r.config_resetstat()),
+)
+
+
+def decompose(r: redis.Redis) -> dict[str, int]:
+    """How much of ``used_memory`` each part of the server's state holds (bytes freed when
+    it goes), and what is left once all have gone (``left``). Destructive: only for the
+    soak's own server, at its end, after the census."""
+    out: dict[str, int] = {}
+    before = int(r.info("memory")["used_memory"])
+    for label, free in PARTS:
+        free(r)
+        after = int(r.info("memory")["used_memory"])
+        out[label], before = before - after, after
+    out["left"] = before
+    return out
+
+
+def memory_stats(r: redis.Redis) -> dict[str, Any]:
+    """MEMORY STATS, flattened (for the JSON report)."""
+    out: dict[str, Any] = {}
+    for k, v in r.memory_stats().items():
+        if isinstance(v, dict):
+            out.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+        else:
+            out[k] = v
+    return out
