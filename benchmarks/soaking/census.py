@@ -85,11 +85,13 @@ def scan(r: redis.Redis, queues: dict[str, str]) -> list[Key]:
 Check = Callable[[Key, "Context"], str | None]  # why the key is over its cap, or None
 
 
-@dataclass(frozen=True)
+@dataclass
 class Context:
     """What the checks need beyond the key itself."""
 
     rq_failed: frozenset[str] = frozenset()  # the job ids in RQ's failed registries
+    #: memo hash -> its fields that have no expiry in its ``:exp`` set
+    memo_unexpiring: dict[str, int] = field(default_factory=dict)
 
 
 def at_most(n: int, ttl_ms: int | None = None) -> Check:
@@ -110,10 +112,23 @@ def context(r: redis.Redis) -> Context:
     failed: set[str] = set()
     for key in r.scan_iter(match="rq:failed:*", count=1000):
         failed.update(text(m) for m in r.zrange(key, 0, -1))
-    return Context(rq_failed=frozenset(failed))
+    unexpiring: dict[str, int] = {}
+    for key in r.scan_iter(match="*:memo", count=1000):
+        fields = {text(f) for f in r.hkeys(key)}
+        expiring = {text(m) for m in r.zrange(text(key) + ":exp", 0, -1)}
+        unexpiring[text(key)] = len(fields - expiring)
+    return Context(rq_failed=frozenset(failed), memo_unexpiring=unexpiring)
 
 
 def anything(k: Key, ctx: Context) -> str | None:
+    return None
+
+
+def memo_expires(k: Key, ctx: Context) -> str | None:
+    """A reply memo: each field has its expiry in the ``:exp`` set, which the scripts
+    enforce (the next sweep drops it)."""
+    if ctx.memo_unexpiring.get(k.name):
+        return f"{k.name}: {ctx.memo_unexpiring[k.name]} fields with no expiry"
     return None
 
 
@@ -143,7 +158,7 @@ KEPT: list[tuple[str, str, Check]] = [
      at_most(failures.KEPT, failures.KEEP_MS)),
     (r":consumers$", f"consumer processes: newest {CONSUMERS_KEPT}", at_most(CONSUMERS_KEPT)),
     (r":memo(:exp)?$", "reply memos: entries of the last reply window, each with its expiry",
-     anything),
+     memo_expires),
     (r":unpaused$", "the bell of a resumed queue: one element per queue", at_most(1)),
     (r"^_kombu\.binding(\.|_deadlines$|_permanent\.)",
      "kombu's binding tables and their expiry records: one per exchange", anything),
@@ -207,15 +222,22 @@ PARTS: tuple[tuple[str, Callable[[redis.Redis], Any]], ...] = (
 )
 
 
+def held(r: redis.Redis) -> int:
+    """``used_memory`` without the clients' buffers (the soak's own connection's vary with
+    the replies it reads)."""
+    info = r.info("memory")
+    return int(info["used_memory"]) - int(info.get("mem_clients_normal", 0))
+
+
 def decompose(r: redis.Redis) -> dict[str, int]:
-    """How much of ``used_memory`` each part of the server's state holds (bytes freed when
-    it goes), and what is left once all have gone (``left``). Destructive: only for the
-    soak's own server, at its end, after the census."""
+    """How much of ``used_memory`` (without the clients' buffers) each part of the server's
+    state holds (bytes freed when it goes), and what is left once all have gone (``left``).
+    Destructive: only for the soak's own server, at its end, after the census."""
     out: dict[str, int] = {}
-    before = int(r.info("memory")["used_memory"])
+    before = held(r)
     for label, free in PARTS:
         free(r)
-        after = int(r.info("memory")["used_memory"])
+        after = held(r)
         out[label], before = before - after, after
     out["left"] = before
     return out

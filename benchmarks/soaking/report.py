@@ -120,7 +120,8 @@ class Outcome:
         """Memory the server holds at the end beyond its start once the keys, the slow log,
         the script and function caches and the per-command statistics are freed: what no
         part of its state explains."""
-        return int(self.memory_stats["decompose"]["left"]) - self.start["used_memory"]
+        start = self.start["used_memory"] - self.start["mem_clients_normal"]
+        return int(self.memory_stats["decompose"]["left"]) - start
 
     @property
     def leaks(self) -> list[Group]:
@@ -182,7 +183,8 @@ def render(o: Outcome) -> str:
     lines += [
         "",
         f"used_memory at the end beyond the start: "
-        f"{o.end['used_memory'] - o.start['used_memory']:+,} B. Freed in turn at the end: "
+        f"{o.end['used_memory'] - o.start['used_memory']:+,} B. Freed in turn at the end "
+        "(clients' buffers aside): "
         + ", ".join(f"{k} {v:,} B" for k, v in parts.items() if k != "left")
         + f" (the keys' MEMORY USAGE: kept {o.kept_memory:,} B, leaking {leaking:,} B); "
         f"left beyond the start: {o.residual:+,} B (allowed {o.memory_slack:,} B)",

@@ -1,0 +1,59 @@
+"""The soak's census (``benchmarks.soaking.census``) judges what a server holds after a
+drain: a key of one message with no documented cap is a leak, a capped record over its cap
+is a leak, and the records kept on purpose within their caps are not."""
+
+from __future__ import annotations
+
+from belayq.embedded import RedisServer
+from benchmarks.soaking import census
+
+from .conftest import client_of, flushed_client
+
+QUEUES = {"celery": "soak-celery", "rq": "soak-rq", "dramatiq": "soak-dramatiq"}
+
+
+def verdicts(server: RedisServer) -> dict[str, str]:
+    with client_of(server) as r:
+        groups = census.classify(census.scan(r, QUEUES), census.context(r))
+    return {g.pattern: g.verdict for g in groups}
+
+
+def test_a_key_that_outlives_its_message_is_a_leak_and_capped_records_are_kept(
+    private_redis: RedisServer,
+) -> None:
+    with flushed_client(private_redis) as r:
+        r.set("{soak-celery}:trace:sk-c000001", b"ctx", px=86_400_000)  # a day, no count cap
+        r.hset("{soak-celery}:stats", "acked", 1)
+        r.rpush("{soak-celery}:actions", *[b"a"] * 10)
+        r.hset("{soak-celery}:failures", "sk-c000002", b"{}")
+        r.pexpire("{soak-celery}:failures", 3_600_000)
+        r.hset("rq:job:sk-r000001", "status", "finished")
+        r.expire("rq:job:sk-r000001", 500)
+        r.hset("rq:job:sk-r000002", "status", "failed")  # no TTL: kept while RQ lists it
+        r.zadd("rq:failed:soak-rq", {"sk-r000002": 1})
+        r.hset("rq:job:sk-r000003", "status", "finished")  # no TTL, in no registry
+    got = verdicts(private_redis)
+    assert got["{<celery queue>}:trace:<task>"] == "LEAK"
+    assert got["rq:job:<task>"] == "LEAK"  # sk-r000003
+    assert got["{<celery queue>}:stats"] == "kept"
+    assert got["{<celery queue>}:actions"] == "kept"
+    assert got["{<celery queue>}:failures"] == "kept"
+    assert got["rq:failed:<rq queue>"] == "kept"
+    with client_of(private_redis) as r:
+        r.delete("rq:job:sk-r000003")
+    assert verdicts(private_redis)["rq:job:<task>"] == "kept"
+
+
+def test_a_capped_record_over_its_cap_or_without_expiry_is_a_leak(
+    private_redis: RedisServer,
+) -> None:
+    with flushed_client(private_redis) as r:
+        r.rpush("{soak-rq}:actions", *[b"a"] * 201)  # the console keeps 200
+        r.hset("{soak-rq}:failures", "x", b"{}")  # no expiry: failures expire after a week
+        r.hset("{soak-rq}:memo", mapping={"r1": b"1", "r2": b"2"})
+        r.zadd("{soak-rq}:memo:exp", {"r1": 1})  # r2 has no expiry
+        r.hset("{soak-rq}:meta", "sk-r000001", b"state")  # a message's record, after the drain
+    got = verdicts(private_redis)
+    assert got == {"{<rq queue>}:actions": "LEAK", "{<rq queue>}:failures": "LEAK",
+                   "{<rq queue>}:memo": "LEAK", "{<rq queue>}:memo:exp": "kept",
+                   "{<rq queue>}:meta": "LEAK"}
