@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         200, int(args.minutes * 60 / args.kill_every))
     logdir = args.logdir / f"soak-{uuid.uuid4().hex[:8]}"
     logdir.mkdir(parents=True)
-    broker = RedisServer(binary(), args=["--save", "", "--appendonly", "no"]).start()
-    ledger_server = RedisServer(binary(), args=["--save", ""]).start()
+    broker = RedisServer(binary()).start()  # 127.0.0.1, a free port, no persistence
+    ledger_server = RedisServer(binary()).start()
     try:
         outcome = soak(args, max_kills, logdir, broker, ledger_server)
     finally:
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def soak(args: argparse.Namespace, max_kills: int, logdir: Path, broker: RedisServer,
          ledger_server: RedisServer) -> Outcome:
-    r = redis.Redis(port=broker.port)
-    lr = redis.Redis(port=ledger_server.port)
+    r = redis.Redis(host="127.0.0.1", port=broker.port)
+    lr = redis.Redis(host="127.0.0.1", port=ledger_server.port)
     queues = {f: f"soak-{f}" for f in FRAMEWORKS}
     start_memory = census.memory(r)
     start_stats = census.memory_stats(r)
@@ -203,7 +203,11 @@ def soak(args: argparse.Namespace, max_kills: int, logdir: Path, broker: RedisSe
                     log.info("kill -9 %s %s %s", hit["framework"], hit["what"], hit["pids"])
                 next_kill = now + args.kill_every * rng.uniform(0.7, 1.3)
             if paused_at and now >= paused_at:
-                _pause_resume(dashboard, queues)
+                try:
+                    _pause_resume(dashboard, queues)
+                except Exception as exc:  # reported with the polls' errors
+                    poller.counts["errors"] += 1
+                    poller.errors.append(f"pause/resume from the dashboard: {exc!r}")
                 paused_at = 0
             fleet.replace_dead()
             if now >= next_note:
@@ -225,7 +229,7 @@ def soak(args: argparse.Namespace, max_kills: int, logdir: Path, broker: RedisSe
             time.sleep(1)
         drain_s = time.time() - t_drain
         time.sleep(args.lease * 2)  # a run still going (a duplicate) ends first
-        tasks = judge_tasks(sent, lr, r, queues, final=True)
+        tasks = judge_tasks(sent, lr, r, queues, final=True, max_deliveries=args.max_deliveries)
         deleted = _delete_dead(dashboard)
         poller.stopped.set()
         poller.join(60)

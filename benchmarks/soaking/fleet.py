@@ -212,7 +212,7 @@ class Producers:
         self.cfg = cfg
         self.celery = make_app(f"belayq://127.0.0.1:{cfg.port}/0", cfg.queues["celery"],
                                cfg.lease_s, cfg.max_deliveries)
-        self.rq_conn = redis.Redis(port=cfg.port)
+        self.rq_conn = redis.Redis(host="127.0.0.1", port=cfg.port)
         self.rq = SoakQueue(cfg.queues["rq"], connection=self.rq_conn)
         self.dramatiq = make_broker(cfg.url)
         self.dramatiq.declare_queue(cfg.queues["dramatiq"])

@@ -27,6 +27,7 @@ class Tasks:
     waiting: list[str] = field(default_factory=list)  # not at their end (yet)
     lost: list[str] = field(default_factory=list)  # final: never to reach it
     runs: int = 0
+    planned_runs: int = 0  # the runs the plans ask for (retries, a poison's deliveries)
     ran_twice: int = 0  # completed more than once
     dead_letters: int = 0
 
@@ -49,8 +50,17 @@ def dead_letter_ids(r: redis.Redis) -> set[str]:
     return ids
 
 
+def planned_runs(framework: str, plan: str, max_deliveries: int) -> int:
+    """How many runs a task's plan asks for when no fault hits it."""
+    if plan.startswith("retry:"):
+        return int(plan.split(":", 1)[1]) + 1
+    if plan == "dead":
+        return {"rq": max_deliveries, "dramatiq": 3}.get(framework, 1)
+    return 1
+
+
 def judge_tasks(sent: dict[str, tuple[str, str, float]], lr: redis.Redis, r: redis.Redis,
-                queues: dict[str, str], *, final: bool) -> Tasks:
+                queues: dict[str, str], *, final: bool, max_deliveries: int = 5) -> Tasks:
     """Each task sent against the ledger (and, ``final``, the framework's failed and dead
     records): where it ended, or that it has not."""
     outcomes: dict[str, list[str]] = {}
@@ -64,6 +74,7 @@ def judge_tasks(sent: dict[str, tuple[str, str, float]], lr: redis.Redis, r: red
     rq_failed = f"rq:failed:{queues['rq']}"
     for task_id, (framework, plan, _delay) in sent.items():
         seen = outcomes.get(task_id, [])
+        t.planned_runs += planned_runs(framework, plan, max_deliveries)
         t.ran_twice += seen.count("ok") > 1
         if plan in ("fail", "dead"):
             if framework == "rq":
@@ -137,7 +148,8 @@ class Outcome:
         return {
             "ok": self.ok, "minutes": self.minutes, "rate": self.rate, "workers": self.workers,
             "tasks": {"sent": t.sent, "ends": dict(t.by_end), "lost": t.lost,
-                      "waiting": t.waiting, "runs": t.runs, "ran_twice": t.ran_twice,
+                      "waiting": t.waiting, "runs": t.runs, "planned_runs": t.planned_runs,
+                      "ran_twice": t.ran_twice,
                       "dead_letters": t.dead_letters},
             "kills": self.kills, "workers_started": self.workers_started,
             "stopped_hard": self.stopped_hard, "poll": self.poll,
@@ -160,7 +172,9 @@ def render(o: Outcome) -> str:
         f"sent {t.sent}; at their end {sum(t.by_end.values())} "
         f"({', '.join(f'{k} {v}' for k, v in sorted(t.by_end.items()))}); "
         f"LOST {len(t.lost)}; not drained {len(t.waiting)}",
-        f"runs {t.runs}; completed more than once {t.ran_twice}; dead letters at the end "
+        f"runs {t.runs} ({t.planned_runs} planned: retries and poison runs included; "
+        f"{t.runs - t.planned_runs:+} from redeliveries after kills); completed more than "
+        f"once {t.ran_twice}; dead letters at the end "
         f"{t.dead_letters} (deleted through the dashboard: {o.dead_deleted})",
         f"kill -9: {len(o.kills)} ({', '.join(f'{k} {v}' for k, v in kinds.items())}); "
         f"worker processes started {o.workers_started}; drain {o.drain_s:.0f} s; "
