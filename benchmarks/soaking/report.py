@@ -208,7 +208,8 @@ def render(o: Outcome) -> str:
     ]
     for g in o.groups:
         j = g.to_json()
-        lines.append(f"| `{g.pattern!r}`"[:-1] + f" | {j['keys']} | {j['elements']} | "
+        shown = repr(g.pattern)[1:-1]  # kombu's separators as escapes
+        lines.append(f"| `{shown}` | {j['keys']} | {j['elements']} | "
                      f"{j['memory']:,} | {j['max_ttl_s']} | {g.verdict} | "
                      f"{g.cap}{'; ' if g.cap and g.why else ''}{g.why} |")
     if o.poll_errors:
