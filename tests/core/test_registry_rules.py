@@ -138,3 +138,38 @@ def test_a_record_of_the_previous_form_is_read_under_its_namespace(
     recs = {(f.namespace, f.record.max_deliveries) for f in list_queues(r, kind="dramatiq")
             if f.name == qname and f.record is not None}
     assert recs == {("", 5), ("app2", 7)}
+
+
+def test_the_command_names_one_of_two_apps_queues_by_its_namespace(
+    r: redis.Redis, qname: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from belayq.cli import main
+
+    ReliableQueue(r, qname, keeper=False, **dramatiq_layout(qname))
+    theirs = ReliableQueue(r, qname, keeper=False, **dramatiq_layout(qname, namespace="app2"))
+    theirs.publish_many([b"a", b"b"])
+    url = f"redis://127.0.0.1:{r.connection_pool.connection_kwargs['port']}/0"
+    assert main(["stats", "--url", url, qname, "--kind", "dramatiq"]) == 2
+    assert "--namespace" in capsys.readouterr().err
+    assert main(["stats", "--url", url, qname, "--kind", "dramatiq", "--namespace", "app2",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["ready"] == 2
+    assert main(["queues", "--url", url, "--kind", "dramatiq"]) == 0
+    out = capsys.readouterr().out
+    assert "namespace" in out.splitlines()[0] and "app2" in out
+
+
+def test_each_scrape_of_the_exporter_applies_the_record_as_it_stands(
+    r: redis.Redis, qname: str
+) -> None:
+    import argparse
+
+    from belayq.cli.serving import queue_openers
+
+    ReliableQueue(r, qname, keeper=False, lease_ms=60_000, max_deliveries=3)
+    args = argparse.Namespace(queue=[qname], kind="auto", prefix="belayq", namespace=None)
+    [first] = [o() for o in queue_openers(r, args)]
+    assert (first.config.lease_ms, first.config.max_deliveries) == (60_000, 3)
+    ReliableQueue(r, qname, keeper=False, lease_ms=5_000, max_deliveries=20)  # a restart
+    [later] = [o() for o in queue_openers(r, args)]
+    assert (later.config.lease_ms, later.config.max_deliveries) == (5_000, 20)

@@ -37,17 +37,22 @@ def cmd_exporter(client: redis.Redis, args: argparse.Namespace) -> int:
             from None
     from ..metrics import QueueCollector
 
-    def openers() -> list[Callable[[], AnyQueue]]:
-        return [functools.partial(open_found, client, f, prefix=args.prefix)
-                for f in found_names(client, args)]
-
     found_names(client, args)  # an unknown queue is an error now, not at the first scrape
     _listen_check(args.host, args.port)
-    REGISTRY.register(QueueCollector(openers, client=client))
+    REGISTRY.register(QueueCollector(functools.partial(queue_openers, client, args),
+                                     client=client))
     start_http_server(args.port, addr=args.host)
     print(f"belayq exporter on http://{args.host}:{args.port}/metrics", flush=True)
     while True:
         time.sleep(3600)
+
+
+def queue_openers(client: redis.Redis, args: argparse.Namespace) -> list[Callable[[], AnyQueue]]:
+    """The exporter's queues for one scrape: found again, and each opened as its record
+    stands at that scrape (the exporter runs for months; a rolling restart's new limits
+    apply from its next scrape)."""
+    return [functools.partial(open_found, client, f, prefix=args.prefix)
+            for f in found_names(client, args)]
 
 
 def _web() -> Any:
