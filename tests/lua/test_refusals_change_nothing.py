@@ -102,6 +102,7 @@ def valid_args(s: Setup, name: str) -> list[Any]:
         "pause": ["ops@host:12"],
         "resume": [""],
         "register": ["0a1b2c3d", "host-1", 4321, 1000],
+        "lead": ["0a1b2c3d host-1 4321", 1000],
     }[name]
 
 
@@ -151,10 +152,11 @@ SPECS: dict[str, tuple[list[Any], list[Any] | None, int]] = {
     "pause": (["by"], None, 0),
     "resume": (["by"], None, 0),
     "register": (["tag", "host", 1, 1], None, 0),
+    "lead": (["member", 1], None, 0),
 }
 #: The values a text slot with a format of its own refuses.
 TEXT_BAD = {"by": ["x" * 201, "a\nb", "a\x00b"], "tag": ["", "xyz", "0" * 33, "0a 1b"],
-            "host": ["", "a b", "h" * 256, "a\tb"]}
+            "host": ["", "a b", "h" * 256, "a\tb"], "member": ["", "m" * 301, "a\nb"]}
 COMMON = [("skew", None), ("mode", None), 1, 1, "any", 1]
 
 

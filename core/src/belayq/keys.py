@@ -70,6 +70,10 @@ class QueueKeys:
             every one of them), instead of on the ready list.
         consumers: Sorted set ``"<tag> <host> <pid>"`` -> registered at (ms): the consumer
             processes whose claims' tokens start with ``<tag>.``, newest first.
+        lead: String holding the consumer process (``"<tag> <host> <pid>"``) that answers
+            for the queue's delayed messages in its framework's views of them (Celery's
+            ``inspect scheduled``), so that each is shown once, not once per worker. It
+            expires on its own a lease after its process last renewed it (lua/lead.lua).
     """
 
     levels: tuple[str, ...]
@@ -88,6 +92,7 @@ class QueueKeys:
     history_control: str
     unpaused: str
     consumers: str
+    lead: str
 
     @classmethod
     def build(
@@ -157,6 +162,7 @@ class QueueKeys:
             history_control=f"{base}history:control",
             unpaused=f"{base}unpaused",
             consumers=f"{base}consumers",
+            lead=f"{base}lead",
         )
 
     @property

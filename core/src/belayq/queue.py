@@ -22,6 +22,7 @@ from .events import EventStream
 from .holding import FORKABLE
 from .keeper import KEEPER
 from .keys import SCHEMA_VERSION, SHARDS_FIELD, QueueKeys
+from .leading import Leading
 from .models import Delivery, SweepResult
 from .observing import Observations
 from .publishing import Publishing
@@ -41,7 +42,7 @@ from .sent import Answer, Sent
 log = logging.getLogger("belayq")
 _OPTIONS = {f.name for f in dataclasses.fields(QueueConfig)}
 _CHECKED = "_belayq_checked_versions"
-class ReliableQueue(Consuming, Publishing, QueueAdmin):
+class ReliableQueue(Consuming, Publishing, QueueAdmin, Leading):
     """An at-least-once queue on Redis: nothing lost, nothing run twice while its worker lives.
 
     A claim is a lease: an entry of the queue's lease set with a deadline on the server's

@@ -64,6 +64,7 @@ SCRIPT_NAMES = (
     "pause",
     "resume",
     "register",
+    "lead",
 )
 def _lua_dir() -> Any:
     return resources.files("belayq") / "lua"

@@ -1,0 +1,88 @@
+"""The lead of a queue: which one of its consumer processes answers for its delayed messages.
+
+A framework's own view of the messages waiting for their time (Celery's ``inspect
+scheduled``) asks every worker, and each answers for what it holds in memory. belayq keeps
+those messages in the queue's delayed set instead, which every worker can read; were each
+to list them, each would be shown once per worker. So one consumer process leads the queue
+(lua/lead.lua): its sweep takes the lead when nobody holds it and renews it while it
+consumes, and only that process lists the delayed set. A process that stops or dies hands
+the lead over within the lease it was taken for (``lease_ms``); meanwhile nobody lists them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .arguments import check_int
+from .config import QueueConfig
+from .errors import redis_errors as _redis_errors
+from .holders import consumer_member
+from .keys import QueueKeys
+from .models import text as _text
+from .scripts import ScriptRunner
+
+
+@dataclass(frozen=True)
+class DelayedMessage:
+    """A message of the delayed set.
+
+    Attributes:
+        id: The message id.
+        due_ms: When it falls due (ms since the epoch, the server's clock).
+        payload: The message bytes, or None when its payload is missing.
+    """
+
+    id: str
+    due_ms: int
+    payload: bytes | None
+
+
+class Leading:
+    """The lead of a queue and the read of its delayed set (mixed into
+    :class:`~belayq.ReliableQueue`)."""
+
+    client: Any
+    config: QueueConfig
+    keys: QueueKeys
+    _scripts: ScriptRunner
+
+    @_redis_errors
+    def lead(self, ttl_ms: int | None = None) -> bool:
+        """Take or renew this process's lead of the queue for ``ttl_ms`` (default: the
+        queue's ``lease_ms``), unless another process holds it.
+
+        Returns:
+            True when this process leads the queue now.
+
+        Raises:
+            ConfigError: A ``ttl_ms`` that is not an int >= 1.
+        """
+        ttl = self.config.lease_ms if ttl_ms is None else check_int("ttl_ms", ttl_ms, minimum=1)
+        return bool(int(self._scripts.run("lead", consumer_member(), ttl)))
+
+    @_redis_errors
+    def leader(self) -> str | None:
+        """The process that leads the queue now (``"<tag> <host> <pid>"``), or None. Reads
+        only."""
+        found = self.client.get(self.keys.lead)
+        return None if found is None else _text(found)
+
+    def leads(self) -> bool:
+        """Whether this process leads the queue now. Reads only."""
+        return self.leader() == consumer_member()
+
+    @_redis_errors
+    def delayed_messages(self, limit: int = 100) -> list[DelayedMessage]:
+        """The first ``limit`` messages of the delayed set, soonest due first, with their
+        payloads: two reads, whatever the set's size (O(log n + limit)).
+
+        Raises:
+            ConfigError: A ``limit`` that is not an int >= 1.
+        """
+        check_int("limit", limit, minimum=1)
+        rows = self.client.zrange(self.keys.delayed, 0, limit - 1, withscores=True)
+        ids = [_text(i) for i, _ in rows]
+        payloads = self.client.hmget(self.keys.payloads, ids) if ids else []
+        return [DelayedMessage(i, int(due), p)
+                for i, (_, due), p in zip(ids, rows, payloads, strict=True)]

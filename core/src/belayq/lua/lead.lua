@@ -1,0 +1,33 @@
+-- lead.lua: make a consumer process the queue's lead for ttl_ms: the one process that
+-- answers for the queue's delayed messages in its framework's views of them (Celery's
+-- `inspect scheduled` lists them in that worker's reply only, so each is shown once, not
+-- once per worker). The lead is taken when no process holds it and renewed by the process
+-- that holds it; another process's lead is left alone until it expires, so a process that
+-- stops or dies hands it over within ttl_ms.
+--
+-- KEYS[1] delayed  zset id -> due time (not touched but by the first command)
+-- KEYS[2] lead     string: the member of the process that leads, expiring after ttl_ms
+-- ARGV[1..6]  see includes/context.lua
+-- ARGV[7] member  the caller, as it describes itself ('<tag> <host> <pid>'): 1 to 300
+--                 bytes, no control character
+-- ARGV[8] ttl_ms  how long the lead holds without being renewed (>= 1)
+-- Returns 1 when the caller leads the queue now, 0 when another process does (nothing is
+-- written then).
+-- FLAGS: none: a full server (maxmemory) refuses it whole (the lead then lapses)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
+-- @include context
+
+local lead = KEYS[2]
+args_exactly(8)
+local member = any_arg(7, 'member')
+if #member == 0 or #member > 300 or string.find(member, '%c') then
+  bad('member (ARGV[7]) must be 1 to 300 bytes with no control character, got "' ..
+    shown(member) .. '"')
+end
+local ttl_ms = int_arg(8, 'ttl_ms', 1)
+local holder = redis.call('GET', lead)
+if holder and holder ~= member then return 0 end
+
+redis.call('SET', lead, member, 'PX', ttl_ms)
+return 1
