@@ -34,6 +34,11 @@ def _worker_state() -> Any:
     return sys.modules.get("celery.worker.state")
 
 
+def in_worker() -> bool:
+    """Whether a Celery worker runs in this process."""
+    return _worker_state() is not None
+
+
 def running_requests() -> dict[Any, Any]:
     """Delivery tag -> request, for the tasks a Celery worker in this process is running.
 

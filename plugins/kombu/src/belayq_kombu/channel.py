@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import Empty
-from time import time
+from time import monotonic, time
 from typing import Any
 
 import redis
@@ -28,7 +28,7 @@ from kombu.utils import json as _json
 from belayq import Delivery, ReliableQueue
 from belayq.discovery import hidden
 
-from . import delivering, eta, options, topology
+from . import celery_state, delivering, eta, options, topology
 from .consume import Consume, Waiter
 from .delivering import PUBLISHED_MS
 from .qos import QoS
@@ -77,6 +77,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
     native_delayed_delivery = options.BELAYQ_OPTIONS["native_delayed_delivery"][0]
     revokes_keep = options.BELAYQ_OPTIONS["revokes_keep"][0]
     revokes_max = options.BELAYQ_OPTIONS["revokes_max"][0]
+    scheduled_max = options.BELAYQ_OPTIONS["scheduled_max"][0]
     wait_replicas = options.BELAYQ_OPTIONS["wait_replicas"][0]
     wait_timeout = options.BELAYQ_OPTIONS["wait_timeout"][0]
     wait_aof = options.BELAYQ_OPTIONS["wait_aof"][0]
@@ -107,6 +108,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
             raise ValueError(f"priority_steps must start with 0, as kombu's do; got {steps!r}")
         self._core_options = options.core_options(self)
         self._waiters: dict[str, Waiter] = {}
+        self._lead_due: dict[str, float] = {}  # queue -> when to renew its lead (monotonic s)
         self._no_ack_queues: set[str] = set()
         self.claims: Tags = self.connection.claims
         self.consume = Consume(self)
@@ -349,9 +351,27 @@ class Channel(stock.Channel):  # type: ignore[misc]
     # -- upkeep ------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """The sweep of every consumed queue (each worker runs its own, bounded)."""
+        """The sweep of every consumed queue (each worker runs its own, bounded); in a
+        Celery worker, the lead of each is taken or renewed too (see :meth:`lead`)."""
         for name in self.active_queues:
             self.queue(name).sweep()
+        if celery_state.in_worker():
+            self.lead()
+
+    def lead(self) -> None:
+        """Take or renew this process's lead of each task queue it consumes, for a lease,
+        every third of one (:mod:`belayq.leading`): the worker that leads a queue lists its
+        delayed tasks in ``celery inspect scheduled`` (:mod:`.scheduled`)."""
+        now = monotonic()
+        for name in self.active_queues:
+            if hidden("kombu", name) or now < self._lead_due.get(name, 0.0):
+                continue
+            rq = self.queue(name)
+            self._lead_due[name] = now + rq.config.heartbeat_ms / 1000
+            try:
+                rq.lead()
+            except Exception as exc:  # a full server, an ACL: the lead lapses, work goes on
+                log.debug("the lead of %s was not renewed: %r", name, exc)
 
     def adopt_stock(self) -> None:
         """Requeue messages stock workers left unacked for ``stock_unacked_timeout``."""

@@ -41,6 +41,8 @@ BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "revokes_keep": (7 * 24 * 3600.0, "how long Redis remembers a revoke for the delayed "
                      "tasks it names (s)"),
     "revokes_max": (50_000, "most revokes Redis remembers (the oldest are dropped)"),
+    "scheduled_max": (1000, "most delayed tasks a worker's `celery inspect scheduled` reply "
+                      "lists from Redis"),
     "wait_replicas": (0, "replicas that must have each publish and settle before it returns "
                       "(Redis WAIT; 0 = asynchronous replication, a failover may lose the "
                       "last writes)"),
@@ -174,7 +176,7 @@ def check(options: Mapping[str, Any], *, kind: str = "single") -> None:
         if options.get(name) is not None:
             _number(options, name, minimum=0.001)
     for name in ("max_deliveries", "dead_letter_max", "claim_batch", "max_connections",
-                 "revokes_max"):
+                 "revokes_max", "scheduled_max"):
         _integer(options, name)
     for name in ("wait_replicas", "min_other_sentinels"):
         _integer(options, name, minimum=0)

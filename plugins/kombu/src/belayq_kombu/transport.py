@@ -16,7 +16,7 @@ from belayq import __version__ as belayq_version
 from belayq.registry import Registry
 from belayq.revocations import Revocations
 
-from . import options, topology
+from . import celery_state, options, scheduled, topology
 from .channel import Channel
 from .poller import Poller
 from .qos import QoS
@@ -63,6 +63,8 @@ class Transport(stock.Transport):  # type: ignore[misc]
         self.claims = Tags()
         self.cycle = Poller(self.claims)
         connect_signals()
+        if celery_state.in_worker():
+            scheduled.install()  # `celery inspect scheduled` lists the delayed tasks it leads
         interval = (client.transport_options or {}).get("polling_interval")
         self.brpop_timeout = float(interval) if interval else options.POLL_TIMEOUT_S
         self.queues: dict[str, ReliableQueue] = {}
