@@ -173,3 +173,22 @@ def test_each_scrape_of_the_exporter_applies_the_record_as_it_stands(
     ReliableQueue(r, qname, keeper=False, lease_ms=5_000, max_deliveries=20)  # a restart
     [later] = [o() for o in queue_openers(r, args)]
     assert (later.config.lease_ms, later.config.max_deliveries) == (5_000, 20)
+
+
+def test_two_apps_queues_of_one_name_are_two_series_of_the_exporter(
+    r: redis.Redis, qname: str
+) -> None:
+    pytest.importorskip("prometheus_client")
+    from belayq.discovery import open_found as opened
+    from belayq.metrics import QueueCollector
+
+    ReliableQueue(r, qname, keeper=False, **dramatiq_layout(qname)).publish(b"a")
+    ReliableQueue(r, qname, keeper=False,
+                  **dramatiq_layout(qname, namespace="app2")).publish_many([b"b", b"c"])
+
+    def queues() -> list[Any]:
+        return [opened(r, f) for f in list_queues(r, kind="dramatiq") if f.name == qname]
+
+    ready = {s.labels["queue"]: s.value for family in QueueCollector(queues).collect()
+             if family.name == "belayq_ready" for s in family.samples}
+    assert ready == {qname: 1, f"app2:{qname}": 2}

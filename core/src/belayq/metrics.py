@@ -136,12 +136,21 @@ def ready_by_priority(q: AnyQueue) -> list[tuple[int, int]]:
             if n or i == 0]
 
 
+def queue_label(q: AnyQueue) -> str:
+    """The ``queue`` label of a queue: its name, or, for a queue of a framework's
+    non-default namespace (Dramatiq's ``namespace``, Celery's ``global_keyprefix``: two apps
+    on one server), the name its framework gives its list (``app2:default``,
+    ``{app1}:celery``), so the two apps' queues of one name are two series."""
+    namespace = getattr(q, "namespace", "")  # a namespace is a plain queue's only
+    return str(q.keys.ready) if namespace and hasattr(q, "keys") else q.name
+
+
 def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], Any]]:
     """(family, labels, value) of every series of one queue; the sizes, ages and the
     framework's numbers are those every tool shows (:mod:`belayq.readmodel`)."""
     from .sharded import parts_of
 
-    labels = [q.kind, q.name]
+    labels = [q.kind, queue_label(q)]
     stats = q.stats()
     counts = readmodel.read(q)
     observed: Counter[str] = Counter()
@@ -209,7 +218,7 @@ class QueueCollector:
         for item in self.queues():
             q = _opened(item)
             if q is not None:
-                out.setdefault((q.kind, q.name), q)
+                out.setdefault((q.kind, queue_label(q)), q)
         return list(out.values())
 
     def describe(self) -> list[Any]:
