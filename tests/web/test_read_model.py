@@ -21,6 +21,7 @@ import belayq_rq
 from belayq import ReliableQueue, rollups
 from belayq.cli import main
 from belayq.discovery import list_queues, open_found
+from belayq.keys import dramatiq_layout, kombu_layout
 from belayq.metrics import QueueCollector
 from tests.plugins.rq import jobs
 
@@ -137,6 +138,22 @@ def test_failed_runs_in_the_history_are_the_frameworks_not_the_nacks(
     assert (minute["acked"], minute["nacked"]) == (5, 0)  # RQ acks a failed job too
     assert (minute["failed"], minute["completed"]) == (3, 2)
     assert minute["failed"] == len(q.failed_job_registry)
+
+
+@pytest.mark.parametrize(("layout", "completed"), [(kombu_layout, 2), (dramatiq_layout, 3)])
+def test_completed_runs_leave_out_the_failed_runs_where_each_framework_settles_them(
+        client: redis.Redis, layout: Any, completed: int) -> None:
+    # One minute: 5 acked, 3 runs raised, 1 dead letter. Celery acks every failed run; a
+    # Dramatiq message's last failed run is dead-lettered instead (not acked).
+    q = ReliableQueue(client, "minute", keeper=False, **layout("minute"))
+    seconds, _ = client.time()
+    now = int(seconds) // 60
+    counts = {"acked": 5, "failed": 3, "dead_lettered": 1}
+    client.hset(q.keys.rollups, mapping={
+        str(now - 1): " ".join("0" for _ in rollups.SNAPSHOT),
+        str(now): " ".join(str(counts.get(n, 0)) for n in rollups.SNAPSHOT)})
+    [minute] = rollups.history(q)
+    assert (minute["failed"], minute["completed"]) == (3, completed)
 
 
 def test_out_counts_what_left_finished_never_a_nack(client: redis.Redis, served: Any) -> None:

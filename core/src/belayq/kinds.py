@@ -45,6 +45,8 @@ class KindTools(Protocol):
     # framework_counts(queue) -> dict: ``delayed``, the messages the framework holds back
     #     itself (RQ's scheduled jobs), and ``failed``, the failed jobs it keeps (None for
     #     none); without it, ``failed`` is failed_count(queue) when present;
+    # failed_runs_dead_lettered (bool attribute): a message's last failed run is
+    #     dead-lettered rather than acked (Dramatiq's), for the history's completed runs;
     # published_ms(queue, entry: bytes) -> float | None: when the ready list's entry was
     #     published (ms since the epoch), from what the framework keeps (one small read);
     # failed_count(queue) -> int: the size of the framework's own failed registry

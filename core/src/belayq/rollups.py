@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from .blocking import node_client
 from .errors import CLUSTER_ERROR, CONNECTION_ERROR, REDIRECTS, RESPONSE_ERROR
+from .kinds import tools_for
 from .models import text as _text
 
 if TYPE_CHECKING:
@@ -40,7 +41,9 @@ OBSERVED = ("failed", "published")
 SNAPSHOT = (*COUNTERS, "failed", "published_seen")
 #: What :func:`history` answers for each minute, besides ``t``: the counters (``published``
 #: counts both kinds of publish), ``failed`` (failed runs) and ``completed`` (runs that did
-#: not fail: acked, less the failed runs a framework acks as Celery and RQ do).
+#: not fail: acked, less the failed runs a framework acks, as Celery and RQ ack every one;
+#: a framework whose run that gave up is dead-lettered instead, as Dramatiq's is, says so
+#: in its adapter's tools: ``failed_runs_dead_lettered``, see :mod:`belayq.kinds`).
 PER_MINUTE = (*COUNTERS, "failed", "completed")
 #: Minutes kept (a day).
 KEEP_MINUTES = 1440
@@ -108,10 +111,14 @@ def history(q: AnyQueue, minutes: int = KEEP_MINUTES) -> list[dict[str, int]]:
             row = totals.setdefault(minute, dict.fromkeys(SNAPSHOT, 0.0))
             for name, value in counts.items():
                 row[name] += value
+    # The failed runs that were not acked: those dead-lettered, where the framework's last
+    # failed run of a message is (Dramatiq's).
+    dead_failed = bool(getattr(tools_for(q.kind), "failed_runs_dead_lettered", False))
     out = []
     for minute, row in sorted(totals.items()):
         row["published"] += row.pop("published_seen")
-        row["completed"] = max(0.0, row["acked"] - row["failed"])
+        acked_failed = row["failed"] - (row["dead_lettered"] if dead_failed else 0)
+        row["completed"] = min(row["acked"], max(0.0, row["acked"] - acked_failed))
         out.append({"t": minute * MINUTE_MS, **{n: round(row[n]) for n in PER_MINUTE}})
     return out
 

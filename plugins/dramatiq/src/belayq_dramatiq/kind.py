@@ -41,6 +41,10 @@ class DramatiqTools(RecordedFailures):
     """The tools' Dramatiq-specific work (see :class:`belayq.kinds.KindTools`); its failed
     runs are those its workers record (:class:`belayq.failures.RecordedFailures`)."""
 
+    #: A message's last failed run (``Retries`` gave up) is dead-lettered, not acked: the
+    #: history's completed runs are the acked ones less the failed runs that were acked.
+    failed_runs_dead_lettered = True
+
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
         """Message ``message_id`` (its id in the queue's list) as Dramatiq sent it, or the
         last failed run of Dramatiq message ``message_id``; None when neither is kept."""
