@@ -192,3 +192,19 @@ def test_two_apps_queues_of_one_name_are_two_series_of_the_exporter(
     ready = {s.labels["queue"]: s.value for family in QueueCollector(queues).collect()
              if family.name == "belayq_ready" for s in family.samples}
     assert ready == {qname: 1, f"app2:{qname}": 2}
+
+
+def test_a_record_of_the_previous_form_of_belayqs_own_dramatiq_keys_stays_in_its_place(
+    r: redis.Redis, qname: str
+) -> None:
+    from belayq import ShardedQueue
+
+    ShardedQueue(r, qname, shards=1, kind="dramatiq", keeper=False)  # belayq:dramatiq:{q}
+    legacy = json.loads(r.hget(registry_key(), f"dramatiq/{qname}") or b"")
+    legacy.pop("namespace")
+    r.hset(registry_key(), f"dramatiq/{qname}", json.dumps(legacy))
+    ShardedQueue(r, qname, shards=1, kind="dramatiq", keeper=False)
+    fields = [f for f in r.hkeys(registry_key()) if qname.encode() in f]
+    assert fields == [f"dramatiq/{qname}".encode()]
+    assert [(f.namespace, f.name) for f in list_queues(r, kind="dramatiq")
+            if f.name == qname] == [("", qname)]

@@ -12,7 +12,7 @@ for a queue of another namespace is read under the namespace its ready list name
 
 from __future__ import annotations
 
-from .keys import DRAMATIQ_NAMESPACE
+from .keys import DRAMATIQ_NAMESPACE, dramatiq_messages
 
 
 def registry_field(kind: str, name: str, namespace: str = "") -> str:
@@ -26,14 +26,18 @@ def registry_field(kind: str, name: str, namespace: str = "") -> str:
     return f"{kind}:{escaped}/{name}"
 
 
-def namespace_of(kind: str, name: str, ready_key: str | None) -> str:
+def namespace_of(kind: str, name: str, ready_key: str | None,
+                 payloads_key: str | None = None) -> str:
     """The namespace of a queue recorded without one (by an earlier belayq), from its
-    ready list: Dramatiq's ``namespace`` (``<namespace>:<name>``) or kombu's
-    ``global_keyprefix`` (``<keyprefix><name>``) when not the default; ``""`` otherwise."""
+    layout: Dramatiq's ``namespace`` from stock RedisBroker's list (``<namespace>:<name>``,
+    its bodies in ``<list>.msgs``), kombu's ``global_keyprefix`` from its list
+    (``<keyprefix><name>``), when not the default; ``""`` otherwise (belayq's own keys of
+    an adapter's queue included: ``belayq:dramatiq:{<name>}``)."""
     if ready_key is None:
         return ""
     for bare in (name, f"{{{name}}}"):
-        if kind == "dramatiq" and ready_key.endswith(f":{bare}"):
+        if kind == "dramatiq" and ready_key.endswith(f":{bare}") \
+                and payloads_key == dramatiq_messages(ready_key):
             found = ready_key[: -len(bare) - 1]
             return "" if found == DRAMATIQ_NAMESPACE else found
         if kind == "kombu" and ready_key.endswith(bare) and ready_key != bare:

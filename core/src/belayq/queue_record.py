@@ -146,7 +146,8 @@ class QueueRecord:
         body["priority_steps"] = tuple(body["priority_steps"])
         body["named"] = tuple(body.get("named") or ())
         if "namespace" not in body:  # written by an earlier belayq: its ready list says
-            body["namespace"] = namespace_of(body["kind"], body["name"], body.get("ready_key"))
+            body["namespace"] = namespace_of(body["kind"], body["name"], body.get("ready_key"),
+                                             body.get("payloads_key"))
         return cls(**body)
 
 
