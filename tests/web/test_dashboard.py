@@ -220,3 +220,42 @@ def _up(base: str) -> bool:
         return urllib.request.urlopen(base + "/", timeout=2).status == 200
     except OSError:
         return False
+
+
+def test_the_dashboards_replay_and_delete_run_in_batches_as_belayq_replay_does(
+        client: redis.Redis, served: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every dead letter replayed or deleted from the page goes in scripts of at most
+    actions.BATCH, as ``belayq replay`` sends them: no one call holds Redis for long."""
+    from belayq.actions import BATCH
+
+    q = ReliableQueue(client, "jobs", keeper=False, lease_ms=100, max_deliveries=1)
+    total = 2 * BATCH + 500
+    for start in range(0, total, 1000):
+        q.publish_many([b"m%d" % i for i in range(start, min(total, start + 1000))])
+    while q.claim(timeout=0, count=1000):
+        pass
+    time.sleep(0.2)
+    while q.sweep().dead_lettered:
+        pass
+    assert q.stats()["dead"] == total
+    sizes: list[int] = []
+    real = ReliableQueue._dead_letters
+
+    def counted(self: ReliableQueue, call: str, ids: Any, limit: int, *, discard: bool) -> int:
+        sizes.append(len(ids) if ids is not None else limit)
+        return real(self, call, ids, limit, discard=discard)
+
+    monkeypatch.setattr(ReliableQueue, "_dead_letters", counted)
+    with served(web.create_app(client)) as base:
+        api = f"{base}/api/queue/belayq/jobs"
+        assert call(f"{api}/replay", {"all": True, "confirm": "jobs"})[1]["replayed"] == total
+        assert max(sizes) <= BATCH and len(sizes) == 3, sizes
+        while q.claim(timeout=0, count=1000):
+            pass
+        time.sleep(0.2)
+        while q.sweep().dead_lettered:
+            pass
+        ids = [d.id for d in q.dead_letters(total)]
+        sizes.clear()
+        assert call(f"{api}/delete", {"ids": ids})[1]["deleted"] == total
+        assert max(sizes) <= BATCH and q.stats()["dead"] == 0, sizes

@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from .. import eviction, kinds, readmodel
+from .. import actions, eviction, kinds, readmodel
 from ..discovery import Found, NoQueue, open_found
 from ..errors import CLIENT_ERROR, BelayqError, ConfigError, Errors, NotPermitted
 from ..sharded import ShardedQueue
@@ -29,10 +29,6 @@ __all__ = ["main"]
 
 #: The errors shown to the user (a queue that cannot be read, an unreachable server).
 _SHOWN: Errors = (BelayqError, *CLIENT_ERROR)
-
-#: Replays and purges run in batches of this many, printing their progress.
-BATCH = 1000
-
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``belayq`` with ``argv`` (default: the process's arguments); returns the exit
@@ -225,16 +221,16 @@ def cmd_replay(client: redis.Redis, args: argparse.Namespace) -> int:
         present = views.dead_ids(q, asked)
         missing = [i for i in asked if i not in present]
         ids = [i for i in asked if i in present]
-        replayed = _batched(lambda chunk: q.replay_dead(chunk), ids)
+        replayed = actions.replay_dead(q, ids, on_batch=_done_of)
     elif args.reason:
         ids = [d.id for d in q.dead_letters(max(1, dead_now)) if args.reason in d.reason]
         if not ids:
             print(f"no dead letter of {q.name} has a reason holding {args.reason!r}: nothing "
                   "replayed", file=sys.stderr)
             return NOTHING
-        replayed = _batched(lambda chunk: q.replay_dead(chunk), ids)
+        replayed = actions.replay_dead(q, ids, on_batch=_done_of)
     else:
-        replayed = _batched(lambda chunk: q.replay_dead(limit=len(chunk)), [""] * dead_now)
+        replayed = actions.replay_dead(q, None, on_batch=_done_of)
     if args.json:
         print(json.dumps({"queue": q.name, "kind": found.kind, "replayed": replayed,
                           "not_dead": missing}))
@@ -249,14 +245,10 @@ def cmd_replay(client: redis.Redis, args: argparse.Namespace) -> int:
     return DONE
 
 
-def _batched(step: Callable[[list[str]], int], items: list[str]) -> int:
-    """Run ``step`` on ``items`` in batches, printing progress when there are several."""
-    done = 0
-    for start in range(0, len(items), BATCH):
-        done += step(items[start : start + BATCH])
-        if len(items) > BATCH:
-            print(f"  {min(start + BATCH, len(items))}/{len(items)}", file=sys.stderr)
-    return done
+def _done_of(done: int, total: int) -> None:
+    """The progress of an action run in several batches."""
+    if total > actions.BATCH:
+        print(f"  {done}/{total}", file=sys.stderr)
 
 
 def _confirmed(args: argparse.Namespace, what: str) -> bool:

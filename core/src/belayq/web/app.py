@@ -33,7 +33,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .. import eviction, kinds, readmodel, rollups
+from .. import actions, eviction, kinds, readmodel, rollups
 from ..cli import views
 from ..cli.targets import CliError, kind_filter
 from ..discovery import Found, find, list_queues, open_found
@@ -321,7 +321,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
     def replay(request: Request, body: dict[str, Any]) -> Any:
         q = target(request)
         ids = chosen(q, body)
-        n = q.replay_dead(ids, limit=q.config.dead_letter_max)
+        n = actions.replay_dead(q, ids)  # as belayq replay does: batches of a few
         return done(request, q, "replay", {"replayed": n}, ids=ids or "all")
 
     def delete(request: Request, body: dict[str, Any]) -> Any:
@@ -329,7 +329,7 @@ def create_app(client: redis.Redis, *, queues: Sequence[str] = (), kind: str = "
         where = body.get("from", "dead")
         ids = chosen(q, body)
         if where == "dead":
-            n = q.delete_dead(ids, limit=q.config.dead_letter_max)
+            n = actions.delete_dead(q, ids)
         elif where == "failed":
             n = framework(q, "delete_failed", ids)
         else:
