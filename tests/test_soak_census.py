@@ -53,7 +53,22 @@ def test_a_capped_record_over_its_cap_or_without_expiry_is_a_leak(
         r.hset("{soak-rq}:memo", mapping={"r1": b"1", "r2": b"2"})
         r.zadd("{soak-rq}:memo:exp", {"r1": 1})  # r2 has no expiry
         r.hset("{soak-rq}:meta", "sk-r000001", b"state")  # a message's record, after the drain
+        r.rpush("belayq:{soak-x}:history:done", b"h")  # no queue on record keeps a history
     got = verdicts(private_redis)
     assert got == {"{<rq queue>}:actions": "LEAK", "{<rq queue>}:failures": "LEAK",
                    "{<rq queue>}:memo": "LEAK", "{<rq queue>}:memo:exp": "kept",
-                   "{<rq queue>}:meta": "LEAK"}
+                   "{<rq queue>}:meta": "LEAK", "belayq:{soak-x}:history:done": "LEAK"}
+
+
+def test_a_history_list_is_kept_within_the_history_max_its_queue_recorded(
+    private_redis: RedisServer,
+) -> None:
+    from belayq import ReliableQueue
+
+    with flushed_client(private_redis) as r:
+        q = ReliableQueue(r, "soak-h", history_max=3)
+        r.rpush(q.keys.history_done, *[b"h"] * 3)
+        assert verdicts(private_redis)["belayq:{soak-h}:history:done"] == "kept"
+        r.rpush(q.keys.history_done, b"h")
+        assert verdicts(private_redis)["belayq:{soak-h}:history:done"] == "LEAK"
+        q.close()

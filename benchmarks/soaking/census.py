@@ -17,7 +17,9 @@ import redis
 
 from belayq import failures, rollups
 from belayq.constants import CONSUMERS_KEPT
+from belayq.discovery import list_queues, open_found
 from belayq.models import text
+from belayq.sharded import parts_of
 from belayq.web.console import ACTIONS_KEPT
 
 DAY_MS = 24 * 3600 * 1000
@@ -92,6 +94,8 @@ class Context:
     rq_failed: frozenset[str] = frozenset()  # the job ids in RQ's failed registries
     #: memo hash -> its fields that have no expiry in its ``:exp`` set
     memo_unexpiring: dict[str, int] = field(default_factory=dict)
+    #: history list -> the ``history_max`` its queue recorded
+    history_max: dict[str, int] = field(default_factory=dict)
 
 
 def at_most(n: int, ttl_ms: int | None = None) -> Check:
@@ -117,7 +121,14 @@ def context(r: redis.Redis) -> Context:
         fields = {text(f) for f in r.hkeys(key)}
         expiring = {text(m) for m in r.zrange(text(key) + ":exp", 0, -1)}
         unexpiring[text(key)] = len(fields - expiring)
-    return Context(rq_failed=frozenset(failed), memo_unexpiring=unexpiring)
+    history: dict[str, int] = {}
+    for found in list_queues(r):
+        for part in parts_of(open_found(r, found)):
+            for key in (part.keys.history_done, part.keys.history_failed,
+                        part.keys.history_control):
+                history[key] = part.config.history_max
+    return Context(rq_failed=frozenset(failed), memo_unexpiring=unexpiring,
+                   history_max=history)
 
 
 def anything(k: Key, ctx: Context) -> str | None:
@@ -130,6 +141,14 @@ def memo_expires(k: Key, ctx: Context) -> str | None:
     if ctx.memo_unexpiring.get(k.name):
         return f"{k.name}: {ctx.memo_unexpiring[k.name]} fields with no expiry"
     return None
+
+
+def recorded_history(k: Key, ctx: Context) -> str | None:
+    """A history list: at most the ``history_max`` its queue recorded."""
+    cap = ctx.history_max.get(k.name)
+    if cap is None:
+        return f"{k.name}: no queue on record keeps it"
+    return f"{k.name}: {k.size} records, over history_max={cap}" if k.size > cap else None
 
 
 def rq_job_record(k: Key, ctx: Context) -> str | None:
@@ -152,7 +171,8 @@ KEPT: list[tuple[str, str, Check]] = [
      at_most(rollups.KEEP_MINUTES + rollups.TRIM_SLACK,
              (rollups.KEEP_MINUTES + rollups.TRIM_SLACK) * rollups.MINUTE_MS)),
     (r":actions$", f"the console's action log: newest {ACTIONS_KEPT}", at_most(ACTIONS_KEPT)),
-    (r":history:(done|failed|control)$", "history lists: history_max each", at_most(10_000)),
+    (r":history:(done|failed|control)$", "history lists: the history_max their queue recorded",
+     recorded_history),
     (r":failures(:at)?$", f"failed runs: newest {failures.KEPT}, expire "
      f"{failures.KEEP_MS // DAY_MS} days after the last failure",
      at_most(failures.KEPT, failures.KEEP_MS)),
