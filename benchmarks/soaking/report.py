@@ -193,6 +193,7 @@ def render(o: Outcome) -> str:
         lines.append(f"| {label} | {m['dbsize']} | {m['used_memory']:,} | "
                      f"{m['mem_clients_normal']:,} | {m['used_memory_scripts']:,} |")
     parts = o.memory_stats["decompose"]
+    kept = [k for g in o.groups if g.verdict == "kept" for k in g.keys]
     leaking = sum(g.memory for g in o.leaks)
     lines += [
         "",
@@ -202,6 +203,10 @@ def render(o: Outcome) -> str:
         + ", ".join(f"{k} {v:,} B" for k, v in parts.items() if k != "left")
         + f" (the keys' MEMORY USAGE: kept {o.kept_memory:,} B, leaking {leaking:,} B); "
         f"left beyond the start: {o.residual:+,} B (allowed {o.memory_slack:,} B)",
+        "",
+        f"keys at the end: {o.end['dbsize']}: kept {len(kept)} (of which "
+        f"{sum(k.pttl > 0 for k in kept)} expire on their own), LEAK "
+        f"{sum(len(g.keys) for g in o.leaks)}",
         "",
         "| keys left, by pattern | keys | elements | memory B | max TTL s | verdict | cap / why |",
         "|---|---|---|---|---|---|---|",
