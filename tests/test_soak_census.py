@@ -72,3 +72,26 @@ def test_a_history_list_is_kept_within_the_history_max_its_queue_recorded(
         r.rpush(q.keys.history_done, b"h")
         assert verdicts(private_redis)["belayq:{soak-h}:history:done"] == "LEAK"
         q.close()
+
+
+def test_a_task_is_lost_when_it_reached_neither_its_end_nor_its_framework_s_records(
+    private_redis: RedisServer,
+) -> None:
+    import json
+
+    from benchmarks.soaking.ledger import LEDGER
+    from benchmarks.soaking.report import judge_tasks
+
+    sent = {"sk-c1": ("celery", "ok", 0.0), "sk-c2": ("celery", "ok", 0.0),
+            "sk-c5": ("celery", "fail", 0.0), "sk-d3": ("dramatiq", "dead", 0.0),
+            "sk-r4": ("rq", "fail", 0.0), "sk-r6": ("rq", "dead", 0.0)}
+    with flushed_client(private_redis) as r:
+        ends = [["sk-c1", 1, 1, "ok"], ["sk-c5", 1, 1, "failed"], ["sk-r4", 1, 1, "failed"]]
+        ends += [["sk-d3", n, 1, "failed"] for n in (1, 2, 3)]  # ran out of retries...
+        r.rpush(LEDGER + "ends", *[json.dumps(e) for e in ends])
+        r.zadd("rq:failed:soak-rq", {"sk-r4": 1})  # ...but sk-d3 is in no dead letters
+        t = judge_tasks(sent, r, r, QUEUES, final=True)
+        waiting = judge_tasks(sent, r, r, QUEUES, final=False).waiting
+    assert sorted(t.lost) == ["sk-c2", "sk-d3", "sk-r6"]
+    assert dict(t.by_end) == {"done": 1, "failed": 2}
+    assert sorted(waiting) == ["sk-c2", "sk-r6"]  # while draining, sk-d3 may be on its way
