@@ -129,9 +129,10 @@ def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq",
         recs = [r for r in records if r.kind == k and r.name == name
                 and namespace in (None, r.namespace)]
         hits += [Found(k, name, r, r.namespace) for r in recs]
-        if not any(r.namespace == "" for r in recs) and namespace in (None, "") and \
-                _framework_knows(client, k, name, records, prefix):
-            hits.append(Found(k, name))
+        recorded = {r.namespace for r in recs}
+        hits += [Found(k, name, namespace=ns) for ns in
+                 _framework_knows(client, k, name, records, prefix)
+                 if ns not in recorded and namespace in (None, ns)]
     if not hits:
         where = "any kind" if kind == "auto" else f"kind {kind}"
         raise NoQueue(f"no queue {name!r} ({where}) is known here: `belayq queues` lists them")
@@ -243,20 +244,20 @@ def _members(client: Any, key: str) -> set[bytes]:
 
 
 def _framework_knows(client: Any, kind: str, name: str, records: list[QueueRecord],
-                     prefix: str) -> bool:
+                     prefix: str) -> set[str]:
+    """The namespaces in which the framework of ``kind`` (or a belayq counter) knows a queue
+    called ``name``."""
     if kind == "rq":
-        return bool(client.sismember(RQ_QUEUES, f"{RQ_QUEUE_PREFIX}{name}"))
+        return {""} if client.sismember(RQ_QUEUES, f"{RQ_QUEUE_PREFIX}{name}") else set()
     if kind == "kombu":
-        return ("", name) in _kombu_names(client, records)
+        return {ns for ns, n in _kombu_names(client, records) if n == name}
     if kind == "belayq":
         if "{" in name or "}" in name:
-            return False
+            return set()
         stats = QueueKeys.build(name, prefix=prefix).stats
         try:
             schema, _ = client.hmget(stats, ["schema", SHARDS_FIELD])
         except RESPONSE_ERROR:  # not a hash: not a belayq queue's counters
-            return False
-        return schema is not None
-    return False
-
-
+            return set()
+        return {""} if schema is not None else set()
+    return set()
