@@ -208,3 +208,20 @@ def test_a_record_of_the_previous_form_of_belayqs_own_dramatiq_keys_stays_in_its
     assert fields == [f"dramatiq/{qname}".encode()]
     assert [(f.namespace, f.name) for f in list_queues(r, kind="dramatiq")
             if f.name == qname] == [("", qname)]
+
+
+def test_a_kombu_queue_only_a_prefixed_binding_table_knows_opens_on_that_prefix(
+    r: redis.Redis, qname: str
+) -> None:
+    from belayq.keys import KOMBU_SEP, kombu_binding_key, kombu_layout
+
+    prefix = f"{{{qname}}}:"
+    ReliableQueue(r, "recorded", keeper=False, **kombu_layout("recorded", keyprefix=prefix))  # type: ignore[arg-type]
+    Registry(r).note_facts("kombu", "recorded", {"keyprefix": prefix, "exchanges": ["celery"]},
+                           prefix)
+    r.sadd(kombu_binding_key("celery", prefix), KOMBU_SEP.join([qname, "", qname]))
+    found = find(r, qname, "kombu")
+    assert (found.namespace, found.recorded) == (prefix, False)
+    assert open_found(r, found).keys.ready == f"{prefix}{qname}"
+    assert [(f.namespace, f.name) for f in list_queues(r, kind="kombu")
+            if f.name == qname] == [(prefix, qname)]
