@@ -70,6 +70,8 @@ def test_every_tool_says_queue_data_can_vanish_under_allkeys(
     client.delete("belayq:queues")
     code, out, err = run(capsys, "queues", "--url", url(server))
     assert code == 0 and "no queues known" in out + err and "allkeys-lru" in err
+    code, out, err = run(capsys, "stats", "--url", url(server), "gone")
+    assert code == 2 and "gone" in err and "allkeys-lru" in err  # the error says why too
     assert gauge(client, []) == [({"policy": "allkeys-lru", "evicts": "any key"}, 1.0)]
     client.config_set("maxmemory-policy", "noeviction")  # read again at each request
     code, out, err = run(capsys, "stats", "--url", url(server), "jobs")

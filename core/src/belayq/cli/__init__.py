@@ -54,10 +54,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(exc, (NoQueue, NotPermitted)):  # what the server holds or allows
             exc = CliError(explain(exc, args.url))
         print(f"belayq {args.command}: {exc}", file=sys.stderr)
+        _evictable(args, failed=True)  # a queue that is gone may have been evicted
         return ERROR
     except _SHOWN as exc:
         print(f"belayq {args.command}: {explain(exc, args.url or 'the Redis server')}",
               file=sys.stderr)
+        _evictable(args, failed=True)
         return ERROR
     except BrokenPipeError:  # the reader went away (`belayq dead ... | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -70,12 +72,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 SERVING = ("exporter", "dashboard")
 
 
-def _evictable(args: argparse.Namespace) -> None:
+def _evictable(args: argparse.Namespace, *, failed: bool = False) -> None:
     """The line that says the server may evict queue data, when it may: after the output
-    (first, for a command that serves until interrupted); on stderr for ``queues`` and for
-    JSON output."""
-    if args.eviction:
-        to_stderr = args.command == "queues" or getattr(args, "json", False)
+    (first, for a command that serves until interrupted); on stderr for ``queues``, for
+    JSON output, and after an error."""
+    if getattr(args, "eviction", None):
+        to_stderr = failed or args.command == "queues" or getattr(args, "json", False)
         print(args.eviction, file=sys.stderr if to_stderr else sys.stdout, flush=True)
 
 
