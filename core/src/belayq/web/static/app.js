@@ -162,7 +162,8 @@ $("search-form").addEventListener("submit", async (e) => {
   try {
     const { found } = await api(`/api/search?id=${enc(id)}`);
     if (found.length === 0) {
-      out.textContent = `No queue knows a message ${id}.`;
+      out.textContent = `No queue knows a message ${id} (in a long backlog, a waiting ` +
+        "message is looked for near either end only).";
     } else if (found.length === 1) {
       out.hidden = true;
       openFound(found[0], id);
