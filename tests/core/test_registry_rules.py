@@ -131,6 +131,7 @@ def test_a_record_of_the_previous_form_is_read_under_its_namespace(
     legacy.pop("namespace", None)  # as the previous form wrote it, under kind/name
     r.hset(registry_key(), f"dramatiq/{qname}", json.dumps(legacy))
     assert Registry(r).get("dramatiq", qname, namespace="app2") is not None
+    assert Registry(r).get("dramatiq", qname) is None  # not the default namespace's
     mine = ReliableQueue(r, qname, keeper=False, **dramatiq_layout(qname))  # not refused
     assert mine.keys.ready == f"dramatiq:{qname}"
     b = ReliableQueue(r, qname, keeper=False, **theirs)  # takes the limits it had recorded

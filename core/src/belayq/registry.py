@@ -81,9 +81,11 @@ class Registry:
     def get(self, kind: str, name: str, namespace: str = "") -> QueueRecord | None:
         """The record of queue ``name`` of ``kind`` in ``namespace``, or None (one an
         earlier belayq wrote under ``<kind>/<name>`` is found too)."""
-        raw = self.client.hget(self.key, registry_field(kind, name, namespace))
-        if raw is not None:
-            return _readable(raw)
+        field = registry_field(kind, name, namespace)
+        raw = self.client.hget(self.key, field)
+        rec = None if raw is None else _readable(raw)
+        if rec is not None and rec.field == field:  # not another namespace's, of the old form
+            return rec
         return self._earlier(kind, name, namespace)
 
     def _earlier(self, kind: str, name: str, namespace: str) -> QueueRecord | None:
