@@ -88,17 +88,21 @@ class Poller(threading.Thread):
             self.slowest_s = max(self.slowest_s, time.monotonic() - t0)
 
     def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.poll()
+
+    def poll(self) -> None:
+        """One round: the overview, each queue's page, a search, the metrics."""
         from urllib.parse import quote
 
         d = self.dashboard.base()
-        while not self.stopped.wait(self.every):
-            self.counts["rounds"] += 1
-            body = self._get("dashboard", d + "/api/overview")
-            for row in json.loads(body or b"{}").get("queues", []):
-                self._get("dashboard", f"{d}/api/queue/{row['kind']}/{quote(row['queue'])}")
-            if self.sent:
-                self._get("dashboard", f"{d}/api/search?id={quote(self.sent[-1])}")
-            self._get("exporter", self.exporter.base() + "/metrics")
+        self.counts["rounds"] += 1
+        body = self._get("dashboard", d + "/api/overview")
+        for row in json.loads(body or b"{}").get("queues", []):
+            self._get("dashboard", f"{d}/api/queue/{row['kind']}/{quote(row['queue'])}")
+        if self.sent:
+            self._get("dashboard", f"{d}/api/search?id={quote(self.sent[-1])}")
+        self._get("exporter", self.exporter.base() + "/metrics")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +238,8 @@ def soak(args: argparse.Namespace, max_kills: int, logdir: Path, broker: RedisSe
         poller.stopped.set()
         poller.join(60)
         stopped_hard = fleet.stop()
+        # With nothing else running, the tools' reads must leave every key as it was.
+        tool_writes = census.writes_during(r, lambda: _rounds(poller, 3))
     finally:
         for t in tools:
             t.stop()
@@ -254,7 +260,13 @@ def soak(args: argparse.Namespace, max_kills: int, logdir: Path, broker: RedisSe
         drain_s=drain_s, dead_deleted=deleted, start=start_memory, baseline=baseline,
         end=end_memory, start_patterns=start_patterns, groups=groups, spans=spans,
         memory_slack=args.memory_slack_kib * 1024, logdir=str(logdir),
-        memory_stats={"start": start_stats, "end": end_stats, "decompose": parts})
+        memory_stats={"start": start_stats, "end": end_stats, "decompose": parts},
+        tool_writes=tool_writes)
+
+
+def _rounds(poller: Poller, n: int) -> None:
+    for _ in range(n):
+        poller.poll()
 
 
 def _send(producers: Producers, sent: dict[str, tuple[str, str, float]], order: list[str],

@@ -95,3 +95,17 @@ def test_a_task_is_lost_when_it_reached_neither_its_end_nor_its_framework_s_reco
     assert sorted(t.lost) == ["sk-c2", "sk-d3", "sk-r6"]
     assert dict(t.by_end) == {"done": 1, "failed": 2}
     assert sorted(waiting) == ["sk-c2", "sk-r6"]  # while draining, sk-d3 may be on its way
+
+
+def test_writes_during_a_read_are_named_and_a_read_that_writes_nothing_names_none(
+    private_redis: RedisServer,
+) -> None:
+    with flushed_client(private_redis) as r:
+        r.set("a", 1)
+        r.set("b", 1)
+        r.set("c", 1)
+        assert census.writes_during(r, lambda: r.get("a")) == {
+            "created": [], "changed": [], "deleted": []}
+        got = census.writes_during(r, lambda: (r.set("a", 2), r.delete("b"), r.set("d", 1)))
+        assert (got["created"], got["changed"]) == (["d"], ["a"])
+        assert [k.split(" ")[0] for k in got["deleted"]] == ["b"]

@@ -218,6 +218,42 @@ def classify(keys: list[Key], ctx: Context) -> list[Group]:
     return sorted(groups.values(), key=lambda g: (g.verdict != "LEAK", g.pattern))
 
 
+def _dumps(r: redis.Redis) -> dict[bytes, tuple[bytes, int]]:
+    """Every key's DUMP and PTTL, read together (MULTI): a key that expires between the two
+    is absent, never a value without its TTL."""
+    out = {}
+    for key in r.scan_iter(count=1000):
+        pipe = r.pipeline(transaction=True)
+        pipe.dump(key)
+        pipe.pttl(key)
+        value, pttl = pipe.execute()
+        if value is not None:
+            out[bytes(key)] = (bytes(value), int(pttl))
+    return out
+
+
+def writes_during(r: redis.Redis, read: Callable[[], Any]) -> dict[str, list[str]]:
+    """The keys created, changed or deleted while ``read`` ran (every key DUMPed before and
+    after; a key that might have expired meanwhile is left out). Only on a server nothing
+    else writes to."""
+    t0 = time.monotonic()
+    before = _dumps(r)
+    read()
+    after = _dumps(r)
+    window_ms = (time.monotonic() - t0 + 1) * 1000
+
+    def may_expire(key: bytes) -> bool:
+        return 0 <= before[key][1] <= window_ms
+
+    return {
+        "created": sorted(text(k) for k in after.keys() - before.keys()),
+        "changed": sorted(text(k) for k in after.keys() & before.keys()
+                          if after[k][0] != before[k][0]),
+        "deleted": sorted(f"{text(k)} (PTTL {before[k][1]} ms, {window_ms:.0f} ms read)"
+                          for k in before.keys() - after.keys() if not may_expire(k)),
+    }
+
+
 def memory(r: redis.Redis) -> dict[str, int]:
     info = r.info("memory")
     names = ("used_memory", "used_memory_dataset", "used_memory_overhead", "mem_clients_normal",

@@ -121,6 +121,7 @@ class Outcome:
     memory_slack: int
     logdir: str
     memory_stats: dict[str, Any] = field(default_factory=dict)
+    tool_writes: dict[str, list[str]] = field(default_factory=dict)  # by the tools' reads
 
     @property
     def kept_memory(self) -> int:
@@ -141,7 +142,11 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return (not self.tasks.lost and not self.tasks.waiting and not self.leaks
-                and self.residual <= self.memory_slack)
+                and self.residual <= self.memory_slack and not self.written_by_reads)
+
+    @property
+    def written_by_reads(self) -> int:
+        return sum(len(v) for v in self.tool_writes.values())
 
     def to_json(self) -> dict[str, Any]:
         t = self.tasks
@@ -159,6 +164,7 @@ class Outcome:
             "kept_memory": self.kept_memory, "residual": self.residual,
             "groups": [g.to_json() for g in self.groups], "spans": self.spans,
             "logdir": self.logdir, "memory_stats": self.memory_stats,
+            "tool_writes": self.tool_writes,
         }
 
 
@@ -182,6 +188,8 @@ def render(o: Outcome) -> str:
         f"polls: {o.poll['rounds']} rounds, dashboard {o.poll['dashboard']} answers, "
         f"exporter {o.poll['exporter']}, errors {o.poll['errors']}, slowest "
         f"{o.poll_slowest_s:.2f} s",
+        f"keys the dashboard's and exporter's reads wrote with the fleet stopped (3 rounds): "
+        f"{o.written_by_reads} {_examples(o.tool_writes)}",
         f"spans ended (tracing on): {sum(o.spans.values())} "
         f"({', '.join(f'{k} {v}' for k, v in sorted(_by_framework(o.spans).items()))})",
         "",
@@ -225,6 +233,10 @@ def render(o: Outcome) -> str:
     return "\n".join(lines)
 
 
+def _examples(writes: dict[str, list[str]]) -> str:
+    return "; ".join(f"{what}: {keys[:5]}" for what, keys in writes.items() if keys)
+
+
 def _by_framework(spans: dict[str, int]) -> dict[str, int]:
     out: Counter[str] = Counter()
     for name, n in spans.items():
@@ -240,6 +252,8 @@ def _why(o: Outcome) -> list[str]:
         out.append(f"{len(o.tasks.waiting)} not drained")
     if o.leaks:
         out.append(f"{len(o.leaks)} leaking key patterns")
+    if o.written_by_reads:
+        out.append(f"{o.written_by_reads} keys written by the tools' reads")
     if o.residual > o.memory_slack:
         out.append(f"memory residual {o.residual:,} B over {o.memory_slack:,} B")
     return out
