@@ -10,10 +10,11 @@ for the ledger, records DBSIZE, ``used_memory`` and the key patterns at start, s
 children) with SIGKILL every ``--kill-every`` seconds (at most ``--max-kills``), and polls
 the dashboard's API and the exporter every ``--poll-every`` seconds. Then it drains (every
 task reaches its end: done, failed in its framework, or dead-lettered), deletes the dead
-letters through the dashboard as an operator would, stops the fleet, and reports: sent,
-completed, lost (must be 0), runs twice, DBSIZE and memory at start and at the end, and every
-key left, grouped by pattern, as kept on purpose within a documented cap (named) or LEAK.
-It exits 1 on a loss or a leak. See docs/proof.md.
+letters through the dashboard as an operator would, stops the workers, checks that the
+tools' reads alone write nothing, and reports: sent, completed, lost (must be 0), runs
+twice, DBSIZE and memory at start and at the end, and every key left, grouped by pattern,
+as kept on purpose within a documented cap (named) or LEAK. It exits 1 on a loss, a write
+by a read, or a leak. See docs/proof.md.
 """
 
 from __future__ import annotations
