@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ class Key:
     pttl: int  # ms; -1 none
     size: int  # elements (a string: 1)
     memory: int  # bytes (MEMORY USAGE)
+    #: a hash's fields or a set's members, by pattern (the first SAMPLED of them)
+    members: Counter[str] = field(default_factory=Counter)
 
 
 @dataclass
@@ -52,7 +55,8 @@ class Group:
                 "elements": sum(k.size for k in self.keys), "verdict": self.verdict,
                 "cap": self.cap, "why": self.why,
                 "max_ttl_s": max((round(k.pttl / 1000) for k in self.keys), default=-1),
-                "examples": [k.name for k in self.keys[:3]]}
+                "examples": [k.name for k in self.keys[:3]],
+                "members": dict(sum((k.members for k in self.keys), Counter()).most_common(5))}
 
 
 def normalise(name: str, queues: dict[str, str]) -> str:
@@ -68,6 +72,9 @@ def normalise(name: str, queues: dict[str, str]) -> str:
     return re.sub(r"\d+", "<n>", out)
 
 
+#: How many members of a hash, set or sorted set are read to name their patterns.
+SAMPLED = 200
+MEMBERS = {"hash": "hscan", "set": "sscan", "zset": "zscan"}
 SIZE = {"hash": "hlen", "list": "llen", "zset": "zcard", "set": "scard", "stream": "xlen"}
 
 
@@ -79,8 +86,14 @@ def scan(r: redis.Redis, queues: dict[str, str]) -> list[Key]:
         if kind == "none":
             continue  # expired meanwhile
         size = int(getattr(r, SIZE[kind])(raw)) if kind in SIZE else 1
-        keys.append(Key(name, normalise(name, queues), kind, int(r.pttl(raw)), size,
-                        int(r.memory_usage(raw, samples=0) or 0)))
+        key = Key(name, normalise(name, queues), kind, int(r.pttl(raw)), size,
+                  int(r.memory_usage(raw, samples=0) or 0))
+        if kind in MEMBERS:
+            found = getattr(r, MEMBERS[kind])(raw, count=SAMPLED)[1]
+            names = found.keys() if isinstance(found, dict) else (
+                m[0] if isinstance(m, tuple) else m for m in found)
+            key.members.update(normalise(text(m), queues) for m in list(names)[:SAMPLED])
+        keys.append(key)
     return keys
 
 

@@ -222,6 +222,9 @@ def render(o: Outcome) -> str:
     for g in o.groups:
         j = g.to_json()
         shown = repr(g.pattern)[1:-1]  # kombu's separators as escapes
+        if g.verdict == "LEAK" and j["members"]:  # which records a leaking hash or set holds
+            shown += "` holding `" + ", ".join(f"{repr(m)[1:-1]} x{n}"
+                                              for m, n in j["members"].items())
         lines.append(f"| `{shown}` | {j['keys']} | {j['elements']} | "
                      f"{j['memory']:,} | {j['max_ttl_s']} | {g.verdict} | "
                      f"{g.cap}{'; ' if g.cap and g.why else ''}{g.why} |")
