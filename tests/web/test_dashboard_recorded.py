@@ -45,6 +45,11 @@ def test_the_dashboards_sweep_applies_the_limits_recorded_now(
         assert (s["ready"], s["dead"]) == (1, 0)
         status, detail = call(api)
         assert detail["lease_ms"] == 300  # as recorded now
+        q.publish_many([b"dead"] * 1_001)  # more dead letters than the old cap
+        for d in q.claim(timeout=0, count=1_001):
+            q.dead_letter(d, "bad")
+        assert q.stats()["dead"] == 1_001
+        assert call(f"{api}/replay", {"all": True, "confirm": "jobs"}) == (200, {"replayed": 1_001})
 
 
 def test_a_pause_from_the_dashboard_is_in_the_control_history_and_sends_its_event(
