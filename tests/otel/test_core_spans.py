@@ -192,10 +192,10 @@ def test_uninstrumented_queues_emit_nothing_and_restore_the_methods(
     assert Publishing.__dict__["publish_result"] is original
     q = make_queue(r)
     q.publish(b"x")
+    assert r.exists(q.keys.meta) == 0  # no context kept
     [d] = q.claim(timeout=0)
     q.ack(d)
     assert exporter.get_finished_spans() == ()
-    assert r.keys(f"*trace:{d.id}") == []
 
 
 def test_a_bad_context_ttl_is_refused_and_patches_nothing() -> None:
@@ -206,16 +206,20 @@ def test_a_bad_context_ttl_is_refused_and_patches_nothing() -> None:
     BelayqInstrumentor().uninstrument()
 
 
-def test_the_context_key_expires(r: Any, make_queue: Any) -> None:
+def test_context_ttl_s_does_nothing_now_and_says_so(r: Any, make_queue: Any) -> None:
+    """The context lives as long as its message, in the queue's meta hash: no key of its
+    own, no expiry."""
     provider = TracerProvider()
-    BelayqInstrumentor().instrument(tracer_provider=provider, context_ttl_s=60)
+    with pytest.warns(DeprecationWarning, match="context_ttl_s does nothing"):
+        BelayqInstrumentor().instrument(tracer_provider=provider, context_ttl_s=60)
     try:
         q = make_queue(r)
         mid = q.publish(b"x")
     finally:
         BelayqInstrumentor().uninstrument()
-    [key] = r.keys(f"*trace:{mid}")
-    assert 0 < r.pttl(key) <= 60_000
+    assert r.hget(q.keys.meta, q.keys.context_field(mid)) is not None
+    assert r.pttl(q.keys.meta) == -1
+    assert r.keys(f"*trace:{mid}") == []
 
 
 def test_registered_for_opentelemetry_instrument() -> None:

@@ -97,3 +97,8 @@ BELL_SCAN = 1000
 is ready (stats, metrics, Flower). It is rung into an empty list and only hand-backs are
 pushed before it, so it sits near the head; a bounded scan keeps a count O(1) in the
 queue's length (stats.lua holds the same number)."""
+
+TRACE_CONTEXT_MAX_BYTES = 8192
+"""Longest trace context kept with a message (bytes of its W3C headers as JSON; publish.lua
+holds the same number): a longer one is not stored, and its messages are published
+untraced, counted in the queue's ``untraced`` counter."""

@@ -53,7 +53,8 @@ class QueueKeys:
         leases: Sorted set id -> lease deadline (ms, server clock): the record of a claim.
         delayed: Sorted set id -> due time (ms, server clock).
         dead: Sorted set id -> dead-lettered at (ms, server clock), capped.
-        meta: Hash id -> the message's state: level, deliveries, attempts, token, error...
+        meta: Hash id -> the message's state: level, deliveries, attempts, token, error...;
+            and ``"<id> trace"`` -> its publisher's trace context (:meth:`context_field`).
         payloads: Hash id -> payload bytes (for inline queues only while the entry is out of
             its list: held, delayed or dead).
         memo: Hash of short-lived records: replies of re-sendable calls, dedup ids.
@@ -192,10 +193,14 @@ class QueueKeys:
         """The sorted set of those job ids, scored by when each failed (ms)."""
         return f"{self.stats[: -len('stats')]}failures:at"
 
-    def trace(self, message_id: str) -> str:
-        """The string holding a message's trace context (``belayq.otel``): it shares the
-        keys' prefix and slot, and expires on its own."""
-        return f"{self.stats[: -len('stats')]}trace:{message_id}"
+    @staticmethod
+    def context_field(message_id: str) -> str:
+        """The field of the ``meta`` hash that holds the trace context of a message's
+        publisher (``belayq.otel``), as the scripts name it: ``"<id> trace"``, by the plain
+        id of an inline copy (``"<id> #<n>"``). It is written by the publish and deleted
+        with the message; no message id holds a space, so it is no message's record."""
+        plain, sep, n = message_id.rpartition(" #")
+        return f"{plain if sep and n.isdigit() else message_id} trace"
 
     @property
     def ready(self) -> str:

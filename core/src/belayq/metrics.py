@@ -69,7 +69,7 @@ LABELS = ["kind", "queue"]
 #: The counters, as the queue's stats hash names them.
 COUNTERS = (
     "published", "claimed", "acked", "nacked", "reclaimed", "adopted", "dead_lettered",
-    "stale_acks", "lost_claims", "failed",
+    "stale_acks", "lost_claims", "failed", "untraced",
 )  # fmt: skip
 
 #: The histograms: (family, stats name, help).

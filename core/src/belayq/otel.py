@@ -20,13 +20,15 @@ Attributes: ``messaging.system`` ``"belayq"``, ``messaging.destination.name``,
 ``messaging.operation.type``, ``messaging.message.id`` (one message), and ``belayq.delivery``
 and ``belayq.attempt`` (one claim).
 
-The send span's context travels beside the message, not in it: a key of the queue's own
-(``<queue prefix>trace:<id>``, in the queue's hash slot) that expires after
-``context_ttl_s`` (one day by default). It is written on a connection of its own, sent
-just before the publish and read after it, and read back with one more round trip per
-claim that returns messages. Stock producers and consumers never see it. A consumer that
-runs the message starts its own span under :func:`context_of`, so it joins the trace that
-published it.
+The send span's context rides with the message: the publish script that stores the message
+keeps it in a field of the queue's ``meta`` hash (``"<id> trace"``, in the queue's hash
+slot), in the same call, and the scripts that delete the message (ack, purge, drop, the
+deletion of a dead letter or of the oldest beyond the cap) delete it too. It costs no
+connection and no round trip of its own at the publish, and one HMGET per claim that
+returns messages. A context that cannot be kept (longer than 8 KiB) is not: the messages
+are published untraced, counted in the queue's ``untraced`` counter. Stock producers and
+consumers never see it. A consumer that runs the message starts its own span under
+:func:`context_of`, so it joins the trace that published it.
 
 Nothing here is imported by belayq itself, and an uninstrumented queue runs none of it.
 """
@@ -37,6 +39,8 @@ import contextlib
 import contextvars
 import functools
 import logging
+import sys
+import warnings
 from collections.abc import Callable, Collection, Iterator, Sequence
 from importlib.metadata import entry_points
 from typing import Any
@@ -50,24 +54,15 @@ from opentelemetry.trace import Link, SpanKind
 from . import __version__
 from .holding import HeldClaims
 from .models import Delivery
-from .otel_context import (
-    CONTEXTS,
-    carrier_of,
-    context_of,
-    context_value,
-    producers,
-    published_id,
-    store,
-    trace_key,
-)
+from .otel_context import CONTEXTS, carrier_of, context_of, context_value, producers
 from .publishing import Publishing
 from .settling import Settling
 
 log = logging.getLogger("belayq")
 
 SYSTEM = "belayq"
-#: How long a message's trace context is kept by default (s): a message claimed later than
-#: this after its publish starts a trace of its own.
+#: The former default of ``instrument(context_ttl_s=...)``, which no longer does anything: a
+#: message's trace context lives exactly as long as the message.
 CONTEXT_TTL_S = 86_400
 #: The entry point group of the adapters' tracing hooks: each names a callable that takes
 #: the instrumentation's :class:`_Tracing` when ``instrument()`` runs and returns what
@@ -94,38 +89,27 @@ def _claim_attributes(d: Delivery) -> dict[str, Any]:
 class _Tracing:
     """The wrappers one :meth:`BelayqInstrumentor.instrument` installs."""
 
-    def __init__(self, tracer: trace.Tracer, provider: Any, context_ttl_s: int) -> None:
+    def __init__(self, tracer: trace.Tracer, provider: Any) -> None:
         self.tracer = tracer
         self.provider = provider
-        self.ttl_ms = context_ttl_s * 1000
+        # The most links a span keeps (the SDK's span limits; no bound for another tracer):
+        # a claim of many messages builds no link its span would drop.
+        limits = getattr(tracer, "_span_limits", None)
+        found = getattr(limits, "max_links", None)
+        self.links_max = found if isinstance(found, int) and found >= 0 else sys.maxsize
 
     # -- send --------------------------------------------------------------------------
 
-    def context_value(self) -> str | None:
-        """The current context as a trace key holds it (for the adapters' hooks)."""
+    def context_value(self) -> str:
+        """The current context as a message keeps it ('' when there is none), for the
+        adapters' hooks that store it beside a message the framework pushes itself."""
         return context_value()
-
-    def store(self, client: Any, keys: Sequence[str]) -> Callable[[], None]:
-        """Write the current context to the trace keys ``keys`` (for the adapters' hooks:
-        see :func:`belayq.otel_context.store`)."""
-        return store(client, keys, context_value(), self.ttl_ms)
-
-    def _store(self, queue: Any, ids: Sequence[str]) -> Callable[[], None]:
-        """Write the current context as the context of messages ``ids``, sent before the
-        publish goes out and read after it, so it costs no round trip of its own (a cluster
-        client waits for it). Returns what reads the reply (call it once)."""
-        return store(queue.client, [trace_key(queue, i) for i in ids], context_value(),
-                     self.ttl_ms)
 
     def publish_groups(self, original: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(original)
-        def wrapper(queue: Any, groups: Any, *rest: Any) -> Any:
-            inline = queue.config.payload_in_list
-            finish = self._store(queue, [published_id(g, inline) for g in groups])
-            try:
-                return original(queue, groups, *rest)
-            finally:
-                finish()
+        def wrapper(queue: Any, groups: Any, *rest: Any, **kwargs: Any) -> Any:
+            kwargs.setdefault("trace_context", context_value())
+            return original(queue, groups, *rest, **kwargs)
 
         return wrapper
 
@@ -170,7 +154,8 @@ class _Tracing:
             for d, ctx in zip(got, contexts, strict=True):
                 producer = trace.get_current_span(ctx).get_span_context()
                 if producer.is_valid:
-                    links.append(Link(producer, {"messaging.message.id": d.id}))
+                    if len(links) < self.links_max:  # the SDK would drop the rest
+                        links.append(Link(producer, {"messaging.message.id": d.id}))
                     CONTEXTS.keep(d, ctx)
             name = queue.sharded_as or queue.name
             attributes = _base(queue, "receive")
@@ -309,8 +294,8 @@ _WRAPPED: tuple[tuple[type, str, str], ...] = (
 class BelayqInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Traces belayq's publishes, claims and settlements (see the module doc).
 
-    ``BelayqInstrumentor().instrument(tracer_provider=..., context_ttl_s=86400)``;
-    ``uninstrument()`` puts everything back.
+    ``BelayqInstrumentor().instrument(tracer_provider=...)``; ``uninstrument()`` puts
+    everything back.
     """
 
     _originals: dict[tuple[type, str], Any]
@@ -323,12 +308,16 @@ class BelayqInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         ttl = kwargs.get("context_ttl_s", CONTEXT_TTL_S)
         if not isinstance(ttl, int) or isinstance(ttl, bool) or ttl < 1:
             raise ValueError(f"context_ttl_s must be an int >= 1, got {ttl!r}")
+        if "context_ttl_s" in kwargs:
+            warnings.warn("context_ttl_s does nothing: a message's trace context is kept "
+                          "with the message and deleted with it", DeprecationWarning,
+                          stacklevel=3)
         provider = kwargs.get("tracer_provider") or trace.get_tracer_provider()
         tracer = trace.get_tracer(
             "belayq", __version__, tracer_provider=provider,
             schema_url="https://opentelemetry.io/schemas/1.26.0",
         )
-        tracing = _Tracing(tracer, provider, ttl)
+        tracing = _Tracing(tracer, provider)
         self._originals = {}
         for cls, name, how in _WRAPPED:
             original = cls.__dict__[name]

@@ -1,26 +1,26 @@
 """Where a message's trace context travels (``belayq.otel``), and the contexts of the
 claims this process holds.
 
-A publish keeps the current context in a key of the queue's own, beside the message
-(``<queue prefix>trace:<id>``, in the queue's hash slot), that expires on its own; a claim
-reads its messages' keys back with one MGET, and keeps each producer context until the
-claim is settled, for :func:`context_of` and :func:`carrier_of`.
+A publish hands the current context to the publish script, which keeps it with each message
+it stores, in a field of the queue's ``meta`` hash (:meth:`~belayq.keys.QueueKeys.
+context_field`), and deletes it with the message (ack, purge, drop, a dead letter's
+deletion). A claim reads its messages' contexts back with one HMGET, and keeps each
+producer context until the claim is settled, for :func:`context_of` and :func:`carrier_of`.
 """
 
 from __future__ import annotations
 
 import collections
 import json
-import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
-from .models import Delivery, entry_id
-from .sent import pool_connection
+from .constants import TRACE_CONTEXT_MAX_BYTES
+from .models import Delivery
 
 #: Claims whose producer context is kept in this process until they are settled.
 _KEPT_MAX = 10_000
@@ -58,12 +58,6 @@ class _Contexts:
 
 
 CONTEXTS = _Contexts()
-log = logging.getLogger("belayq")
-
-
-def nothing() -> None:
-    """What reads no reply."""
-    return None
 
 
 def context_of(delivery: Delivery) -> otel_context.Context:
@@ -85,81 +79,45 @@ def carrier_of(delivery: Delivery) -> dict[str, str]:
     return carrier
 
 
-def published_id(group: Sequence[Any], inline: bool) -> str:
-    """The id a publish's message will have: the one drawn for it, or, in a queue whose lists
-    hold the payloads, the payload's own (see :func:`~belayq.models.entry_id`)."""
-    if not inline:
-        return str(group[0])
-    payload = group[1]
-    return entry_id(payload.encode("utf-8") if isinstance(payload, str) else bytes(payload),
-                    inline)
-
-
-def trace_key(queue: Any, message_id: str) -> str:
-    key: str = queue.keys.trace(message_id)
-    return key
-
-
-def context_value() -> str | None:
-    """The current context as a trace key holds it; None when there is none."""
+def context_value() -> str:
+    """The current context as the publish script keeps it (its W3C headers as a JSON
+    object); '' when there is none. One too long to keep goes as ``"!"``, which the script
+    refuses to keep: it publishes the messages untraced and counts them."""
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
-    return json.dumps(carrier, separators=(",", ":")) if carrier else None
-
-def store(client: Any, keys: Sequence[str], value: str | None, ttl_ms: int
-          ) -> Callable[[], None]:
-    """Write ``value`` (a context, :func:`context_value`) to the trace keys ``keys``, sent
-    now and read when the returned function is called (once), so it costs no round trip of
-    its own; a cluster client waits for it. Never raises: tracing never fails a publish."""
-    if value is None or not keys:
-        return nothing
-    commands = [("SET", key, value, "PX", ttl_ms) for key in keys]
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:  # a cluster client routes each key itself
-        try:
-            with client.pipeline(transaction=False) as pipe:
-                for command in commands:
-                    pipe.execute_command(*command)
-                pipe.execute()
-        except Exception as exc:  # tracing never fails a publish
-            log.debug("could not store the trace context at %s: %s", keys, exc)
-        return nothing
-    conn = pool_connection(pool)
-    try:
-        conn.send_packed_command(conn.pack_commands(commands))
-    except Exception as exc:  # tracing never fails a publish
-        conn.disconnect()
-        pool.release(conn)
-        log.debug("could not store the trace context at %s: %s", keys, exc)
-        return nothing
-
-    def read() -> None:
-        try:
-            for _ in commands:
-                conn.read_response()
-        except Exception as exc:
-            conn.disconnect()
-            log.debug("could not store the trace context at %s: %s", keys, exc)
-        finally:
-            pool.release(conn)
-
-    return read
+    if not carrier:
+        return ""
+    value = json.dumps(carrier, separators=(",", ":"))
+    return value if len(value) <= TRACE_CONTEXT_MAX_BYTES else "!"
 
 
 def producers(queue: Any, got: Sequence[Delivery]) -> list[otel_context.Context]:
-    """The publishers' contexts of the messages ``got`` (one MGET); an empty context for
-    each when they cannot be read (tracing never fails a claim)."""
+    """The publishers' contexts of the messages ``got`` (one HMGET of the queue's meta
+    hash); an empty context for each when they cannot be read (tracing never fails a
+    claim)."""
+    keys = queue.keys
     try:
-        raw = queue.client.mget([trace_key(queue, d.id.split(" #")[0]) for d in got])
+        raw = queue.client.hmget(keys.meta, [keys.context_field(d.id) for d in got])
     except Exception:  # tracing never fails a claim
         return [otel_context.Context() for _ in got]
+    seen: dict[Any, otel_context.Context] = {}  # a batch's messages share one context
     out = []
     for value in raw:
-        carrier: dict[str, str] = {}
-        if value:
-            try:
-                carrier = json.loads(value)
-            except ValueError:
-                carrier = {}
-        out.append(propagate.extract(carrier, context=otel_context.Context()))
+        ctx = seen.get(value)
+        if ctx is None:
+            ctx = seen[value] = _extracted(value)
+        out.append(ctx)
     return out
+
+
+def _extracted(value: bytes | None) -> otel_context.Context:
+    """The context a message keeps (:func:`context_value`); empty for none or a bad one."""
+    carrier: dict[str, str] = {}
+    if value:
+        try:
+            found = json.loads(value)
+        except ValueError:
+            found = None
+        if isinstance(found, dict):
+            carrier = {str(k): str(v) for k, v in found.items()}
+    return propagate.extract(carrier, context=otel_context.Context())

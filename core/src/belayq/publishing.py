@@ -87,10 +87,15 @@ class Publishing:
         return [chosen_id or message_id(), payload, self.level_of(priority), delay_ms,
                 dedup_id or ""]
 
-    def _publish_groups(self, groups: list[list[Arg]], request_id: str = "") -> list[Published]:
+    def _publish_groups(self, groups: list[list[Arg]], request_id: str = "",
+                        trace_context: str = "") -> list[Published]:
         """Publish ``groups`` in one script call; a re-send of the call answers as the first
-        did, by ``request_id`` (the first message's id, new and random, by default)."""
+        did, by ``request_id`` (the first message's id, new and random, by default).
+        ``trace_context`` (``belayq.otel``), when given, is stored with each message by the
+        same call, or counted as ``untraced`` when it cannot be."""
         args = [a for g in groups for a in g]
+        if trace_context:
+            args.append(trace_context)
         reply = self._scripts.run(
             "publish", self.config.dedup_window_ms, *args,
             request_id=request_id or str(groups[0][0]), durable=self.config.durable,

@@ -1,7 +1,8 @@
--- ack.lua: settle claims for good: the lease and the message's state go.
+-- ack.lua: settle claims for good: the lease and the message's state (its trace context
+-- too) go.
 --
 -- KEYS[1] leases    zset id -> lease deadline
--- KEYS[2] meta      hash id -> state
+-- KEYS[2] meta      hash id -> state, trace contexts
 -- KEYS[3] payloads  hash id -> payload
 -- KEYS[4] stats     hash of counters
 -- KEYS[5] history_done  list: the last acked messages (history on)
@@ -69,7 +70,12 @@ for _, t in ipairs(told) do
 end
 if #settled > 0 then
   sliced(function(...) return redis.call('ZREM', leases, ...) end, settled)
-  sliced(function(...) return redis.call('HDEL', meta, ...) end, settled)
+  local fields = {}
+  for _, id in ipairs(settled) do
+    fields[#fields + 1] = id
+    fields[#fields + 1] = context_field(id)
+  end
+  sliced(function(...) return redis.call('HDEL', meta, ...) end, fields)
   sliced(function(...) return redis.call('HDEL', payloads, ...) end, settled)
   if INLINE then
     for _, id in ipairs(settled) do

@@ -1,6 +1,6 @@
 -- publish.lua: store messages and make them ready (or delayed), in order.
 --
--- KEYS[1] meta       hash id -> state (written for delayed messages only)
+-- KEYS[1] meta       hash id -> state (written for delayed messages only), trace contexts
 -- KEYS[2] payloads   hash id -> payload (id mode; inline: delayed messages only)
 -- KEYS[3] leases     zset id -> deadline (read: the state of a deduplicated message)
 -- KEYS[4] delayed    zset id -> due time
@@ -21,6 +21,12 @@
 --   delay_ms  0 = ready now; > 0 = due after that many ms (server clock)
 --   dedup_id  '' = none; else a publish with the same dedup id within the window stores
 --             nothing and answers with the first message's id
+-- ARGV[last] optional, present when the values after ARGV[7] number 5n + 1: the publisher's
+--            trace context (belayq.otel: its W3C headers as a JSON object, printable ASCII,
+--            at most 8192 bytes), kept with each message stored in the meta field
+--            '<id> trace' until the message goes (ack, purge, drop, deleted dead letter).
+--            Anything else is not kept: the messages are stored untraced, counted in
+--            stats.untraced (tracing never fails a publish)
 -- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
 -- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
@@ -39,8 +45,13 @@ local k = {meta = KEYS[1], payloads = KEYS[2], leases = KEYS[3], delayed = KEYS[
   dead = KEYS[5], memo = KEYS[6], memo_exp = KEYS[7], stats = KEYS[8], levels = {}}
 for i = 9, #KEYS do k.levels[#k.levels + 1] = KEYS[i] end
 local dedup_window_ms = int_arg(7, 'dedup_window_ms', 1)
-arg_groups(8, 5, 'messages', 1)
-for g = 8, #ARGV, 5 do
+local last, context = #ARGV, nil
+if (#ARGV - 7) % 5 == 1 then
+  last, context = #ARGV - 1, ARGV[#ARGV]
+  if #context > 8192 or not string.find(context, '^{[ -~]*}$') then context = false end
+end
+arg_groups(8, 5, 'messages', 1, last)
+for g = 8, last, 5 do
   text_arg(g, 'id')
   any_arg(g + 1, 'payload')
   int_arg(g + 2, 'level', 1, #k.levels)
@@ -61,9 +72,9 @@ local function state_of(id)
   return 'gone'
 end
 
-local out = {}
+local out, contexts = {}, {}
 local published, deduplicated = 0, 0
-for g = 8, #ARGV, 5 do
+for g = 8, last, 5 do
   local id, payload = ARGV[g], ARGV[g + 1]
   local lvl, delay_ms, dedup_id = tonumber(ARGV[g + 2]), tonumber(ARGV[g + 3]), ARGV[g + 4]
   if INLINE then id = id_of(payload) end  -- a delayed copy is named below
@@ -86,13 +97,21 @@ for g = 8, #ARGV, 5 do
     else
       push_tail(k.levels[lvl], INLINE and payload or id)
     end
+    if context then
+      contexts[#contexts + 1] = context_field(id)
+      contexts[#contexts + 1] = context
+    end
     published = published + 1
     out[#out + 1] = id
     out[#out + 1] = 1
     out[#out + 1] = ''
   end
 end
+if #contexts > 0 then
+  sliced(function(...) return redis.call('HSET', k.meta, ...) end, contexts)
+end
 fix_door(k.levels)
 count(k.stats, 'published', published)
+if context == false then count(k.stats, 'untraced', published) end
 count(k.stats, 'deduplicated', deduplicated)
 return remember(k.memo, k.memo_exp, out, now)

@@ -1,12 +1,12 @@
 -- purge.lua: delete up to `limit` waiting messages (ready, then delayed when asked) with
--- their state.
+-- their state and trace contexts.
 -- Claimed messages and dead letters are not touched, nor the state of a held message whose
 -- identical entry also waits in a ready list.
 --
 -- KEYS[1] delayed    zset id -> due time
 -- KEYS[2] leases     zset id -> lease deadline (read)
 -- KEYS[3] dead       zset id -> dead at (read)
--- KEYS[4] meta       hash id -> state
+-- KEYS[4] meta       hash id -> state, trace contexts
 -- KEYS[5] payloads   hash id -> payload
 -- KEYS[6] stats      hash of counters
 -- KEYS[7..] levels   ready lists, highest priority first
@@ -38,12 +38,14 @@ local purged = 0
 local function forget(id)
   if redis.call('ZSCORE', leases, id) or redis.call('ZSCORE', dead, id) then return end
   forget_record({meta = meta}, id)
+  redis.call('HDEL', meta, context_field(id))
   redis.call('HDEL', payloads, id)
 end
 
 -- A purged ready entry's record: inline, the waiting copy it stands for (none: fresh).
 local function forget_entry(entry)
   if not INLINE then return forget(entry) end
+  redis.call('HDEL', meta, context_field(id_of(entry)))
   for _, c in ipairs(copies_of({meta = meta, delayed = delayed}, id_of(entry))) do
     if c.state == 'waiting' then
       return forget_record({meta = meta}, c.id)

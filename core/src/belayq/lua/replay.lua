@@ -2,13 +2,13 @@
 -- or delete them (discard).
 --
 -- KEYS[1] dead       zset id -> dead at
--- KEYS[2] meta       hash id -> state
+-- KEYS[2] meta       hash id -> state, trace contexts
 -- KEYS[3] payloads   hash id -> payload
 -- KEYS[4] stats      hash of counters
 -- KEYS[5..] levels   ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      how many to replay when no ids are given (oldest first)
--- ARGV[8] discard    '1': delete the dead letters (payload and record) instead
+-- ARGV[8] discard    '1': delete the dead letters (payload, record, trace context) instead
 -- ARGV[9..] ids      the dead letters to replay; none = the oldest `limit`
 -- Returns the number replayed or deleted (ids not in the dead-letter set are skipped).
 -- FLAGS: none: a full server (maxmemory) refuses it whole, before anything moves
@@ -45,6 +45,7 @@ if discard then
   for _, id in ipairs(ids) do
     redis.call('ZREM', k.dead, id)
     redis.call('HDEL', k.payloads, id)
+    redis.call('HDEL', k.meta, context_field(id))
     forget_record(k, id)
   end
   count(k.stats, 'discarded', #ids)
@@ -66,6 +67,7 @@ for j, id in ipairs(ids) do
     replayed = replayed + 1
   else
     forget_record(k, id)
+    redis.call('HDEL', k.meta, context_field(id))
   end
 end
 fix_door(k.levels)

@@ -58,10 +58,10 @@ local function args_exactly(n)
   if #ARGV ~= n then bad('expected ' .. n .. ' arguments, got ' .. #ARGV) end
 end
 
--- ARGV[first..] is a whole number of groups of `size`, at least `least` of them. Returns
--- how many.
-local function arg_groups(first, size, what, least)
-  local n = #ARGV - first + 1
+-- ARGV[first..last] (`last`: #ARGV by default) is a whole number of groups of `size`, at
+-- least `least` of them. Returns how many.
+local function arg_groups(first, size, what, least, last)
+  local n = (last or #ARGV) - first + 1
   if n < 0 or n % size ~= 0 or n / size < least then
     bad(what .. ': ARGV[' .. first .. '..] must hold groups of ' .. size .. ' (at least ' ..
       least .. '), got ' .. math.max(n, 0) .. ' values')

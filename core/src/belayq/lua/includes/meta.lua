@@ -62,3 +62,11 @@ end
 local function meta_put(meta, id, m)
   redis.call('HSET', meta, id, meta_text(m))
 end
+
+-- The meta field that holds the trace context of message `id`'s publisher (publish.lua),
+-- written with the message and deleted with it: '<id> trace', the copies of an inline
+-- entry ('<id> #<n>') sharing their plain id's. No message id holds a space, so it is no
+-- message's record.
+local function context_field(id)
+  return (string.match(id, '^(.*) #%d+$') or id) .. ' trace'
+end

@@ -16,6 +16,7 @@ local function to_ready(k, id, m, front)
     entry = redis.call('HGET', k.payloads, id)
     if not entry then
       forget_record(k, id)
+      redis.call('HDEL', k.meta, context_field(id))
       count(k.stats, 'malformed', 1)
       return false
     end
@@ -33,7 +34,7 @@ local function to_ready(k, id, m, front)
 end
 
 -- Move message `id` (not held) to the dead-letter set with `reason`; the oldest dead
--- letters beyond dead_max are dropped with their payloads. It goes into the failed history
+-- letters beyond dead_max are dropped with their payloads and trace contexts. It goes into the failed history
 -- and out as a dead_lettered event when those are on.
 local function dead_letter(k, id, m, reason, now)
   m.t, m.s, m.e, m.d = '', false, reason, now
@@ -49,6 +50,7 @@ local function dead_letter(k, id, m, reason, now)
     local old = redis.call('ZPOPMIN', k.dead, over)
     for i = 1, #old, 2 do
       forget_record(k, old[i])
+      redis.call('HDEL', k.meta, context_field(old[i]))
       redis.call('HDEL', k.payloads, old[i])
     end
     count(k.stats, 'dead_dropped', over)
