@@ -6,12 +6,14 @@ console exporter writing a JSON line per span to a file, for the horse's."""
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 import rq
 import rq.worker
 from opentelemetry.sdk.trace import TracerProvider
@@ -19,6 +21,7 @@ from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProces
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 import belayq_rq
+from belayq.keys import QueueKeys
 from belayq.otel import BelayqInstrumentor
 from tests.plugins.rq import jobs
 
@@ -106,3 +109,65 @@ def test_tracing_off_leaves_rq_as_it_was() -> None:
     assert (rq.Queue._enqueue_job, rq.worker.Worker.perform_job) != before
     BelayqInstrumentor().uninstrument()
     assert (rq.Queue._enqueue_job, rq.worker.Worker.perform_job) == before
+
+
+def _contexts(client: Any, name: str) -> int:
+    meta = QueueKeys.build(name, ready_key=f"rq:queue:{name}").meta
+    return sum(1 for _ in client.hscan_iter(meta, match="* trace"))
+
+
+@pytest.mark.parametrize("blocking", [False, True], ids=["ConnectionPool", "BlockingConnectionPool"])
+def test_traced_rq_enqueues_with_n_connections_and_n_threads_never_fail(
+    conn: Any, rq_server: Any, blocking: bool,
+    traced: tuple[TracerProvider, InMemorySpanExporter, Path],
+) -> None:
+    n, each = 4, 60
+    pool_class = redis.BlockingConnectionPool if blocking else redis.ConnectionPool
+    extra = {"timeout": 2} if blocking else {}
+    pool = pool_class(port=rq_server.port, max_connections=n, **extra)
+    client = redis.Redis(connection_pool=pool)
+    name = f"pool-{uuid.uuid4().hex[:8]}"
+    producer = rq.Queue(name, connection=client)
+    failures: list[BaseException] = []
+    start = threading.Barrier(n)
+
+    def enqueue() -> None:
+        start.wait()
+        for i in range(each):
+            try:
+                producer.enqueue(jobs.traced, i)
+            except Exception as exc:  # counted, not raised: every failure is shown
+                failures.append(exc)
+
+    threads = [threading.Thread(target=enqueue) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        assert failures == []
+        assert producer.count == n * each
+        assert _contexts(conn, name) == n * each
+        assert conn.keys("*trace:*") == []
+    finally:
+        pool.disconnect()
+
+
+def test_an_rq_jobs_context_goes_with_it(
+    conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
+) -> None:
+    name = f"gone-{uuid.uuid4().hex[:8]}"
+    producer = rq.Queue(name, connection=conn)
+    done = producer.enqueue(jobs.traced, 1)
+    cancelled = producer.enqueue(jobs.traced, 2)
+    deleted = producer.enqueue(jobs.traced, 3)
+    with conn.pipeline() as pipe:  # RQ's own transaction
+        producer.enqueue_job(producer.create_job(jobs.traced, args=(4,)), pipeline=pipe)
+        pipe.execute()
+    assert _contexts(conn, name) == 4
+    cancelled.cancel()
+    deleted.delete()
+    assert _contexts(conn, name) == 2
+    belayq_rq.SimpleWorker([name], connection=conn).work(burst=True, logging_level="WARNING")
+    assert done.get_status(refresh=True) == "finished"
+    assert _contexts(conn, name) == 0

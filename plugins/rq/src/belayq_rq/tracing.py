@@ -5,9 +5,11 @@ entry point when it instruments; nothing here runs otherwise. RQ producers push 
 with RQ's own code, so belayq traces them where RQ enqueues:
 
 * every enqueue (``enqueue``, ``enqueue_many``, a retry, a dependent, the scheduler's) is a
-  ``send <queue>`` span (PRODUCER), whose context is kept beside the job as a core
-  publish keeps it (a key of the queue that expires), written in RQ's own transaction when
-  RQ enqueues in one;
+  ``send <queue>`` span (PRODUCER), whose context is kept with the job as a core publish
+  keeps it (a field of the queue's meta hash, deleted when the job's message goes), written
+  in RQ's own transaction: the one RQ enqueues in, or the one it would have opened, so it
+  takes no connection of its own; a job removed from its queue by RQ (``cancel``,
+  ``delete``) takes its context with it;
 * a belayq worker's claim is the core's ``receive <queue>`` span, linked to it, and the job
   runs inside a ``process <queue>`` span (CONSUMER) of that trace, in the work horse of a
   forking worker too, so the spans a job makes join the trace that enqueued it. A job that
@@ -25,6 +27,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from rq.queue import Queue
 from rq.worker import Worker
 
+from belayq.constants import TRACE_CONTEXT_MAX_BYTES
 from belayq.keys import QueueKeys
 from belayq.models import entry_id
 from belayq.otel import SYSTEM, context_of
@@ -42,6 +45,29 @@ def _base(queue_name: str, operation: str) -> dict[str, Any]:
             "messaging.operation.type": operation, "messaging.operation.name": operation}
 
 
+def _keys(queue: Any, job_id: str) -> tuple[QueueKeys, str]:
+    """The keys of RQ queue ``queue`` as belayq lays it out, and the meta field of job
+    ``job_id``'s trace context."""
+    keys = QueueKeys.build(queue.name, ready_key=queue.key)
+    return keys, keys.context_field(entry_id(job_id.encode("utf-8"), inline=True))
+
+
+def _keep(client: Any, queue: Any, job_id: str, value: str) -> None:
+    """Keep ``value`` (a context, as ``tracing.context_value()`` gives it) as job
+    ``job_id``'s, on ``client`` (a pipeline: with the job), as the publish script keeps
+    a message's: one it would not keep is counted in ``untraced`` instead."""
+    keys, field = _keys(queue, job_id)
+    if len(value) <= TRACE_CONTEXT_MAX_BYTES and value.startswith("{"):
+        client.hset(keys.meta, field, value)
+    else:
+        client.hincrby(keys.stats, "untraced", 1)
+
+
+def _forget(client: Any, queue: Any, job_id: str) -> None:
+    keys, field = _keys(queue, job_id)
+    client.hdel(keys.meta, field)
+
+
 def install(tracing: Any) -> Callable[[], None]:
     """Turn the tracing of RQ jobs on (``tracing``: belayq.otel's instrumentation); returns
     what turns it off."""
@@ -49,6 +75,8 @@ def install(tracing: Any) -> Callable[[], None]:
     enqueue_owner = _owner(Queue, "_enqueue_job")
     perform_owner = _owner(Worker, "perform_job")
     enqueue = vars(enqueue_owner)["_enqueue_job"]
+    remove_owner = _owner(Queue, "remove")
+    remove = vars(remove_owner)["remove"]
     perform = vars(perform_owner)["perform_job"]
 
     @functools.wraps(enqueue)
@@ -59,18 +87,34 @@ def install(tracing: Any) -> Callable[[], None]:
         attributes["messaging.message.id"] = job.id
         with tracer.start_as_current_span(f"send {queue.name}", kind=SpanKind.PRODUCER,
                                           attributes=attributes):
-            key = QueueKeys.build(queue.name, ready_key=queue.key).trace(
-                entry_id(job.id.encode("utf-8"), inline=True))
-            if pipeline is not None:  # RQ's transaction: the context goes in with the job
-                value = tracing.context_value()
-                if value is not None:
-                    pipeline.set(key, value, px=tracing.ttl_ms)
+            value = tracing.context_value()
+            if not value or not getattr(queue, "_is_async", True):  # a sync job never waits
                 return enqueue(queue, job, pipeline, *args, **kwargs)
-            finish = tracing.store(queue.connection, [key])
-            try:
-                return enqueue(queue, job, pipeline, *args, **kwargs)
-            finally:
-                finish()
+            unique = kwargs.get("unique", args[1] if len(args) > 1 else False)
+            if unique:  # RQ's own script stores the job: the context goes first
+                _keep(queue.connection, queue, job.id, value)
+                try:
+                    return enqueue(queue, job, pipeline, *args, **kwargs)
+                except BaseException:
+                    _forget(queue.connection, queue, job.id)
+                    raise
+            pipe = pipeline if pipeline is not None else queue.connection.pipeline()
+            _keep(pipe, queue, job.id, value)
+            done = enqueue(queue, job, pipe, *args, **kwargs)
+            if pipeline is None:
+                pipe.execute()
+            return done
+
+    @functools.wraps(remove)
+    def traced_remove(queue: Any, job_or_id: Any, pipeline: Any = None) -> Any:
+        job_id = str(getattr(job_or_id, "id", job_or_id))
+        if pipeline is not None:
+            _forget(pipeline, queue, job_id)
+            return remove(queue, job_or_id, pipeline)
+        with queue.connection.pipeline() as pipe:
+            remove(queue, job_or_id, pipe)
+            _forget(pipe, queue, job_id)
+            return pipe.execute()[0]
 
     @functools.wraps(perform)
     def traced_perform(worker: Any, job: Any, queue: Any, *args: Any, **kwargs: Any) -> Any:
@@ -101,9 +145,11 @@ def install(tracing: Any) -> Callable[[], None]:
 
     setattr(enqueue_owner, "_enqueue_job", traced_enqueue)  # noqa: B010
     setattr(perform_owner, "perform_job", traced_perform)  # noqa: B010
+    setattr(remove_owner, "remove", traced_remove)  # noqa: B010
 
     def undo() -> None:
         setattr(enqueue_owner, "_enqueue_job", enqueue)  # noqa: B010
         setattr(perform_owner, "perform_job", perform)  # noqa: B010
+        setattr(remove_owner, "remove", remove)  # noqa: B010
 
     return undo
