@@ -105,13 +105,14 @@ def test_purge_delete_dead_and_drop_leave_no_context_behind(
     assert _strays(r, q) == []
 
 
-@pytest.mark.parametrize("blocking", [False, True], ids=["ConnectionPool", "BlockingConnectionPool"])
+@pytest.mark.parametrize("blocking", [False, True],
+                         ids=["ConnectionPool", "BlockingConnectionPool"])
 def test_a_traced_publisher_with_n_connections_and_n_threads_never_fails(
     redis_server: Any, make_queue: Any, spans: Any, blocking: bool
 ) -> None:
     n, each = 4, 150
     pool_class = redis.BlockingConnectionPool if blocking else redis.ConnectionPool
-    extra = {"timeout": 2} if blocking else {}
+    extra: dict[str, Any] = {"timeout": 2} if blocking else {}
     pool = pool_class(port=redis_server.port, max_connections=n, **extra)
     client = redis.Redis(connection_pool=pool)
     q = make_queue(client)
@@ -165,10 +166,13 @@ def test_a_context_that_cannot_be_kept_publishes_untraced_and_counts(
     finally:
         propagate.set_global_textmap(before)
     # what the instrumentation never sends, handed to the script as it is
-    for bad in ('{"traceparent":"' + "x" * 9000 + '"}', '{"tab":"\t"}', "not an object",
+    for bad in ('{"traceparent":"' + "x" * 9000 + '"}', '{"tab":"\t"}', "{}",
                 '{"x":"\u00e9"}'):
         q._publish_groups([q._publish_args(b"raw", 0, 0, None)], trace_context=bad)
     assert q.stats()["untraced"] == 7
+    with pytest.raises(redis.ResponseError, match="context"):  # not one at all: a bad call
+        q._publish_groups([q._publish_args(b"refused", 0, 0, None)], trace_context="x")
+    assert q.stats()["published"] == 7
     got = q.claim(count=10, timeout=0)
     assert sorted(d.payload for d in got) == [b"a", b"b", b"huge context"] + [b"raw"] * 4
     assert _contexts(r, q) == 0

@@ -150,7 +150,7 @@ class _Tracing:
             if not got:
                 return got
             contexts = producers(queue, got)
-            links = []
+            links: list[Link] = []
             for d, ctx in zip(got, contexts, strict=True):
                 producer = trace.get_current_span(ctx).get_span_context()
                 if producer.is_valid:

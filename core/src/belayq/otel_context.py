@@ -81,14 +81,14 @@ def carrier_of(delivery: Delivery) -> dict[str, str]:
 
 def context_value() -> str:
     """The current context as the publish script keeps it (its W3C headers as a JSON
-    object); '' when there is none. One too long to keep goes as ``"!"``, which the script
-    refuses to keep: it publishes the messages untraced and counts them."""
+    object); '' when there is none. One too long to keep goes as ``"{}"``, which the script
+    does not keep: it publishes the messages untraced and counts them."""
     carrier: dict[str, str] = {}
     propagate.inject(carrier)
     if not carrier:
         return ""
     value = json.dumps(carrier, separators=(",", ":"))
-    return value if len(value) <= TRACE_CONTEXT_MAX_BYTES else "!"
+    return value if len(value) <= TRACE_CONTEXT_MAX_BYTES else "{}"
 
 
 def producers(queue: Any, got: Sequence[Delivery]) -> list[otel_context.Context]:

@@ -116,14 +116,15 @@ def _contexts(client: Any, name: str) -> int:
     return sum(1 for _ in client.hscan_iter(meta, match="* trace"))
 
 
-@pytest.mark.parametrize("blocking", [False, True], ids=["ConnectionPool", "BlockingConnectionPool"])
+@pytest.mark.parametrize("blocking", [False, True],
+                         ids=["ConnectionPool", "BlockingConnectionPool"])
 def test_traced_rq_enqueues_with_n_connections_and_n_threads_never_fail(
     conn: Any, rq_server: Any, blocking: bool,
     traced: tuple[TracerProvider, InMemorySpanExporter, Path],
 ) -> None:
     n, each = 4, 60
     pool_class = redis.BlockingConnectionPool if blocking else redis.ConnectionPool
-    extra = {"timeout": 2} if blocking else {}
+    extra: dict[str, Any] = {"timeout": 2} if blocking else {}
     pool = pool_class(port=rq_server.port, max_connections=n, **extra)
     client = redis.Redis(connection_pool=pool)
     name = f"pool-{uuid.uuid4().hex[:8]}"

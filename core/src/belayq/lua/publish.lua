@@ -22,10 +22,11 @@
 --   dedup_id  '' = none; else a publish with the same dedup id within the window stores
 --             nothing and answers with the first message's id
 -- ARGV[last] optional, present when the values after ARGV[7] number 5n + 1: the publisher's
---            trace context (belayq.otel: its W3C headers as a JSON object, printable ASCII,
---            at most 8192 bytes), kept with each message stored in the meta field
---            '<id> trace' until the message goes (ack, purge, drop, deleted dead letter).
---            Anything else is not kept: the messages are stored untraced, counted in
+--            trace context (belayq.otel: its W3C headers as a JSON object '{...}'), kept
+--            with each message stored, in the meta field '<id> trace', until the message
+--            goes (ack, purge, drop, a deleted dead letter). An object that cannot be kept
+--            (over 8192 bytes, a byte outside printable ASCII, or '{}': the publisher's was
+--            too long to send) is not: the messages are stored untraced, counted in
 --            stats.untraced (tracing never fails a publish)
 -- Returns {id1, stored1, state1, ...}: stored is 1, or 0 when a dedup id suppressed it;
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
@@ -48,7 +49,12 @@ local dedup_window_ms = int_arg(7, 'dedup_window_ms', 1)
 local last, context = #ARGV, nil
 if (#ARGV - 7) % 5 == 1 then
   last, context = #ARGV - 1, ARGV[#ARGV]
-  if #context > 8192 or not string.find(context, '^{[ -~]*}$') then context = false end
+  if not string.find(context, '^{.*}$') then
+    bad('context (ARGV[' .. #ARGV .. ']) must be a JSON object, got "' .. shown(context) .. '"')
+  end
+  if #context > 8192 or context == '{}' or string.find(context, '[^ -~]') then
+    context = false
+  end
 end
 arg_groups(8, 5, 'messages', 1, last)
 for g = 8, last, 5 do

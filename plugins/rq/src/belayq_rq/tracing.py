@@ -57,7 +57,7 @@ def _keep(client: Any, queue: Any, job_id: str, value: str) -> None:
     ``job_id``'s, on ``client`` (a pipeline: with the job), as the publish script keeps
     a message's: one it would not keep is counted in ``untraced`` instead."""
     keys, field = _keys(queue, job_id)
-    if len(value) <= TRACE_CONTEXT_MAX_BYTES and value.startswith("{"):
+    if len(value) <= TRACE_CONTEXT_MAX_BYTES and value != "{}":
         client.hset(keys.meta, field, value)
     else:
         client.hincrby(keys.stats, "untraced", 1)
