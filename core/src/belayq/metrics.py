@@ -17,8 +17,9 @@ ages and the framework's numbers are those ``belayq queues`` and the dashboard s
 one function (:mod:`belayq.readmodel`):
 
 * counters (``_total``): published, claimed, acked, nacked, reclaimed, adopted,
-  dead_lettered, stale_acks, lost_claims, failed (runs the framework reported failed), and
-  out (messages that left the queue finished: acked or dead-lettered, each once);
+  dead_lettered, stale_acks, lost_claims, failed (runs the framework reported failed),
+  untraced (messages published while traced whose context could not be kept with them),
+  and out (messages that left the queue finished: acked or dead-lettered, each once);
 * gauges: ``belayq_ready`` (by priority level: the levels that hold messages, and the
   first, so a queue whose messages carry no priority has one series), ``belayq_in_flight``,
   ``belayq_delayed`` (belayq's delayed set and what the framework holds back itself: RQ's
