@@ -133,9 +133,13 @@ def test_same_named_queues_of_two_kinds_are_two_series(client: redis.Redis, url:
 def test_an_exporter_of_a_kind_exports_that_kind_only(client: redis.Redis, url: str) -> None:
     ReliableQueue(client, "emails", keeper=False)
     ReliableQueue(client, "default", keeper=False, **rq_layout("default"))  # type: ignore[arg-type]
-    kinds = {series.split('kind="')[1].split('"')[0] for series in scrape_once(url, "--kind",
-                                                                              "rq")}
+    scraped = scrape_once(url, "--kind", "rq")
+    kinds = {series.split('kind="')[1].split('"')[0] for series in scraped
+             if 'kind="' in series}
     assert kinds == {"rq"}
+    # the server's own series, labelled by its policy, not by a queue
+    assert [s for s in scraped if 'kind="' not in s] == [
+        'belayq_eviction_possible{evicts="nothing",policy="noeviction"}']
 
 
 
