@@ -152,8 +152,7 @@ def _samples(q: AnyQueue) -> Iterator[tuple[str, list[str], Any]]:
     from .sharded import parts_of
 
     labels = [q.kind, queue_label(q)]
-    stats = q.stats()
-    counts = readmodel.read(q)
+    stats, counts = readmodel.read_stats(q)
     observed: Counter[str] = Counter()
     for p in parts_of(q):
         observed.update(read_observed(p.client, p.keys))
