@@ -23,7 +23,9 @@ class QueueConfig:
             whose started claim's lease expires, goes to the dead-letter set instead of back
             to ready. Claims that never started are not runs.
         heartbeat_interval_ms: How often the lease keeper extends the leases this process
-            holds. Defaults to a third of ``lease_ms``.
+            holds, at most: the keeper beats every ``heartbeat_interval_ms`` or
+            ``sweep_interval_ms``, whichever is shorter (every second with the defaults).
+            Defaults to a third of ``lease_ms``.
         sweep_interval_ms: How often each consumer's lease keeper runs the sweep (ms).
         sweep_limit: How many expired leases one claim sweeps before claiming (bounded work).
         dead_letter_max: Cap of the dead-letter set; the oldest dead letters are dropped.

@@ -309,7 +309,7 @@ class StartReports(Middleware):
     prefetched messages never started come back uncounted.
 
     A message claimed before (its holder died or froze) is reported before it runs. A first
-    claim's report rides the lease keeper's next renewal (every third of the lease), which
+    claim's report rides the lease keeper's next renewal (its next beat), which
     costs no call of its own: a run that kills its worker before that renewal is not
     counted, so a poison message runs at most once more than ``max_deliveries``. With the
     broker's ``strict_runs`` every report is sent before the run (one more call per

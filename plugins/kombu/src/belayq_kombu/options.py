@@ -25,7 +25,8 @@ stock: Any = _stock  # kombu's annotations are partial; Any to mypy --strict
 BELAYQ_OPTIONS: dict[str, tuple[Any, str]] = {
     "max_deliveries": (5, "runs after which a failed message goes to the dead-letter set"),
     "sweep_interval": (1.0, "period of each worker's recovery sweep (s)"),
-    "lease_heartbeat_interval": (None, "how often held leases are extended (s; lease/3)"),
+    "lease_heartbeat_interval": (None, "how often held leases are extended at most (s; "
+                                 "lease/3; the keeper beats every min(this, sweep_interval))"),
     "dead_letter_max": (10_000, "cap of each queue's dead-letter set"),
     "dead_letter_rejected": (True, "reject(requeue=False) dead-letters instead of dropping"),
     "claim_batch": (100, "most messages one claim takes when prefetch is unlimited"),

@@ -88,7 +88,8 @@ class Queue(RQQueue):
 
     Attributes:
         lease_ms: How long a claim stays valid without an extension (ms). A live worker
-            extends it every second; a dead worker's job is back in the queue within about
+            extends it every sweep period or third of the lease, whichever is shorter (every
+            second by default); a dead worker's job is back in the queue within about
             ``lease_ms`` + 1 s. Default 20 s.
         max_deliveries: Attempts a job may lose (its worker or work horse died) before it
             goes to the FailedJobRegistry instead of running again. Default 5.
