@@ -220,3 +220,18 @@ def test_serving_on_a_port_taken_is_one_line(
 def test_upgrade_of_an_unknown_queue_says_so(url: str, capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "upgrade", "--url", url, "never-made")
     assert code == 2 and "no queue 'never-made'" in err and "schema none" not in err
+
+
+def test_the_help_names_every_framework_and_every_kind_of_queue(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from belayq.discovery import KNOWN_KINDS
+
+    main_help = " ".join(helped(capsys).split())
+    for framework in ("Celery", "RQ", "Dramatiq"):
+        assert framework in main_help, framework
+    for command in ("queues", "stats"):
+        kind_help = " ".join(helped(capsys, command).split())
+        for kind, owner in zip(KNOWN_KINDS, ("belayq's own", "Celery's", "RQ's",
+                                             "Dramatiq's"), strict=True):
+            assert f"{kind} ({owner})" in kind_help, (command, kind)

@@ -46,7 +46,7 @@ _EXITS = {
 
 DESCRIPTION = """\
 See and steer reliable queues on a Redis server: belayq's own, and the Celery
-(belayq://) and RQ (belayq_rq) queues belayq runs."""
+(belayq://), RQ (belayq_rq) and Dramatiq (belayq_dramatiq) queues belayq runs."""
 
 EPILOG = f"""\
 Start with:
@@ -54,11 +54,16 @@ Start with:
   belayq stats --url redis://localhost:6379/0 QUEUE
 
 `belayq COMMAND --help` tells more about each command. A queue is one a belayq process
-has opened (belayq's registry), one RQ knows (rq:queues), or one Celery's bindings name;
-nothing is found by scanning the keyspace, and no other key is taken for a queue. Every
-command acts on a queue with its recorded settings.
+has opened (belayq's registry: belayq's own, Celery's and Dramatiq's queues), one RQ knows
+(rq:queues), or one Celery's bindings name; nothing is found by scanning the keyspace, and
+no other key is taken for a queue. Every command acts on a queue with its recorded
+settings.
 
 {EXIT_STATUS}"""
+
+#: Whose queues each kind names (``--kind``).
+KIND_OWNERS = {"belayq": "belayq's own", "kombu": "Celery's", "rq": "RQ's",
+               "dramatiq": "Dramatiq's"}
 
 URL_HELP = ("the Redis server: redis://[[USER]:PASSWORD@]HOST[:PORT][/DB], rediss:// (TLS), "
             "unix:///path/to/socket[?db=N], or Celery's belayq:// and belayqs://")
@@ -294,7 +299,8 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
     if name in MANY_QUEUES:
         p.add_argument("queue", metavar="QUEUE", nargs="*",
                        help="the queues to show (default: every queue found)")
-    kinds = "belayq (belayq's own), kombu (Celery's) or rq (RQ's)"
+    kinds = ", ".join(f"{kind} ({KIND_OWNERS[kind]})" for kind in KNOWN_KINDS[:-1])
+    kinds += f" or {KNOWN_KINDS[-1]} ({KIND_OWNERS[KNOWN_KINDS[-1]]})"
     p.add_argument("--kind", choices=("auto", *KNOWN_KINDS), default="auto", help=(
         f"the kind of queue QUEUE is, {kinds}: needed when queues of several kinds have that "
         "name (default auto)" if name in ONE_QUEUE else
