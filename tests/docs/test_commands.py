@@ -54,6 +54,8 @@ RULES = [
                                                  '"celery_app.py"')),
     Rule(r"^uv run examples/rq_app\.py", by=("tests/plugins/rq/test_example.py",
                                              '"rq_app.py"')),
+    Rule(r"^uv run examples/dramatiq_app\.py", by=("tests/plugins/dramatiq/test_example.py",
+                                                   '"dramatiq_app.py"')),
     Rule(r"^pip install \./core \./plugins/kombu \./plugins/rq \./plugins/dramatiq$",
          by=("tests/dist/test_wheels.py", "plugins")),
     Rule(r"^pip install (\"?belayq\[|belayq-kombu$|belayq-rq$|belayq-dramatiq$)",
