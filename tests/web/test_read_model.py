@@ -18,7 +18,7 @@ import pytest
 import redis
 
 import belayq_rq
-from belayq import ReliableQueue, rollups
+from belayq import ReliableQueue, ShardedQueue, rollups
 from belayq.cli import main
 from belayq.discovery import list_queues, open_found
 from belayq.keys import dramatiq_layout, kombu_layout
@@ -227,3 +227,19 @@ def test_exporter_help_and_priority_series(client: redis.Redis) -> None:
     assert ready == {("plain", "0"): 1.0, ("urgent", "0"): 0.0, ("urgent", "5"): 1.0}
     text = helps["belayq_framework_failed"]
     assert all(f in text for f in ("RQ", "Celery", "Dramatiq")) and "(RQ's)" not in text
+
+
+def test_a_sharded_queue_is_read_over_its_shards(client: redis.Redis, served: Any) -> None:
+    q = ShardedQueue(client, "spread", shards=3, keeper=False)
+    try:
+        q.publish_many([b"m"] * 6)
+        q.publish(b"later", delay_ms=600_000)
+        [d] = q.claim(timeout=0)
+        time.sleep(0.3)
+        with served(web.create_app(client)) as base:
+            seen = surfaces(client, base, "belayq", "spread")
+        agree(seen, ready=5, delayed=1, in_flight=1, published=7, out=0)
+        assert all(n["running_for_s"] >= 0.3 for n in seen.values()), seen
+        q.ack(d)
+    finally:
+        q.close(release=False)
