@@ -75,10 +75,12 @@ def test_search_finds_rq_job_ids_and_dramatiq_message_ids(
     claims = core.claim(timeout=0, count=2)
     [dead] = [c for c in claims if doomed.message_id in c.payload.decode()]
     core.dead_letter(dead, "gave up")
+    queued = deliver.send("dee@example.com")  # waits: its list entry is another id
     with served(web.create_app(client)) as base:
         assert found(base, "job-2") == [("rq", "default", "ready")]
         assert found(base, claimed.id) == [("rq", "default", "in flight")]
-        for sent, state in ((waiting, "in flight"), (later, "delayed"), (doomed, "dead")):
+        for sent, state in ((queued, "ready"), (waiting, "in flight"), (later, "delayed"),
+                            (doomed, "dead")):
             assert found(base, sent.message_id) == [("dramatiq", "mail", state)], state
             status, m = call(f"{base}/api/queue/dramatiq/mail/message/{sent.message_id}")
             assert status == 200 and m["state"] == state
