@@ -126,6 +126,7 @@ def cmd_queues(client: redis.Redis, args: argparse.Namespace) -> int:
 def cmd_stats(client: redis.Redis, args: argparse.Namespace) -> int:
     found, q = open_named(client, args)
     raw, counts = readmodel.read_stats(q)  # the numbers every tool shows, and the counters
+    counts.pop("paused")  # shown as the stats say it: 1 and paused_since_ms, or 0
     stats: dict[str, Any] = {
         "kind": found.kind, "queue": found.name, **raw, **counts,
         "ready_by_priority": dict(zip(map(str, q.config.priority_steps), q.ready_by_level(),
