@@ -71,3 +71,18 @@ def test_the_delayed_messages_are_read_soonest_first_and_bounded(q: ReliableQueu
     assert dumps(q) == before  # a read writes nothing
     with pytest.raises(ConfigError, match="limit"):
         q.delayed_messages(limit=0)
+
+
+def test_a_process_that_resigns_gives_up_only_its_own_lead(
+    q: ReliableQueue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    as_process(monkeypatch, "aaaa0001 host-a 11")
+    assert q.lead(ttl_ms=60_000) is True
+    as_process(monkeypatch, "bbbb0002 host-b 22")
+    before = dumps(q)
+    assert q.resign() is False  # not its lead: left alone
+    assert dumps(q) == before and q.leader() == "aaaa0001 host-a 11"
+    as_process(monkeypatch, "aaaa0001 host-a 11")
+    assert q.resign() is True and q.leader() is None
+    as_process(monkeypatch, "bbbb0002 host-b 22")
+    assert q.lead(ttl_ms=60_000) is True  # taken at once, not after the lead's 60 s

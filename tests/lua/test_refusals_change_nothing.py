@@ -103,6 +103,7 @@ def valid_args(s: Setup, name: str) -> list[Any]:
         "resume": [""],
         "register": ["0a1b2c3d", "host-1", 4321, 1000],
         "lead": ["0a1b2c3d host-1 4321", 1000],
+        "resign": ["0a1b2c3d host-1 4321"],
     }[name]
 
 
@@ -153,6 +154,7 @@ SPECS: dict[str, tuple[list[Any], list[Any] | None, int]] = {
     "resume": (["by"], None, 0),
     "register": (["tag", "host", 1, 1], None, 0),
     "lead": (["member", 1], None, 0),
+    "resign": (["member"], None, 0),
 }
 #: The values a text slot with a format of its own refuses.
 TEXT_BAD = {"by": ["x" * 201, "a\nb", "a\x00b"], "tag": ["", "xyz", "0" * 33, "0a 1b"],

@@ -5,8 +5,9 @@ scheduled``) asks every worker, and each answers for what it holds in memory. be
 those messages in the queue's delayed set instead, which every worker can read; were each
 to list them, each would be shown once per worker. So one consumer process leads the queue
 (lua/lead.lua): its sweep takes the lead when nobody holds it and renews it while it
-consumes, and only that process lists the delayed set. A process that stops or dies hands
-the lead over within the lease it was taken for (``lease_ms``); meanwhile nobody lists them.
+consumes, and only that process lists the delayed set. A process that stops gives the lead
+up (the others take it at their next renewal); one that dies hands it over once the lease
+it was taken for (``lease_ms``) runs out. Meanwhile nobody lists them.
 """
 
 from __future__ import annotations
@@ -60,6 +61,16 @@ class Leading:
         """
         ttl = self.config.lease_ms if ttl_ms is None else check_int("ttl_ms", ttl_ms, minimum=1)
         return bool(int(self._scripts.run("lead", consumer_member(), ttl)))
+
+    @_redis_errors
+    def resign(self) -> bool:
+        """Give up this process's lead of the queue, if it holds it (a consumer that stops):
+        another process takes it at its next :meth:`lead`, not once it expires.
+
+        Returns:
+            True when this process's lead was given up.
+        """
+        return bool(int(self._scripts.run("resign", consumer_member())))
 
     @_redis_errors
     def leader(self) -> str | None:

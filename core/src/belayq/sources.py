@@ -65,6 +65,7 @@ SCRIPT_NAMES = (
     "resume",
     "register",
     "lead",
+    "resign",
 )
 def _lua_dir() -> Any:
     return resources.files("belayq") / "lua"

@@ -81,3 +81,24 @@ def test_inspect_scheduled_lists_a_countdown_task_once_across_two_workers(
     wait_for(lambda: set(by_task(scheduled(mod, other))) == set(listed), 20,
              "the surviving worker to list the delayed tasks")
     assert stats(port, kq)["delayed"] == 2  # listing them moved nothing
+
+
+def test_a_leader_that_stops_hands_the_listing_over_before_its_lead_expires(
+    workers: Callable[..., Worker], celery_env: dict[str, str], port: int, kq: str
+) -> None:
+    # A 30 s lease: the others renew (and may take) the lead every 10 s. The leader's warm
+    # shutdown gives its lead up, so the listing moves at the next renewal, not after 30 s.
+    first = workers("--pool=solo", BQ_LEASE="30").wait_ready()
+    second = workers("--pool=solo", BQ_LEASE="30").wait_ready()
+    mod = app(celery_env, BQ_LEASE="30")
+    task = mod.add.apply_async((1, 1), countdown=120)
+    [(leader, _)] = by_task(scheduled(mod))[task.id]
+    stopping = first if node_of(first) == leader else second
+    other = node_of(second if stopping is first else first)
+    stopping.stop()
+    stopped = time.monotonic()
+    wait_for(lambda: task.id in by_task(scheduled(mod, other)), 25,
+             "the other worker to list the task")
+    took = time.monotonic() - stopped
+    print(f"\nlisting handed over {took:.1f} s after the leader stopped (lease 30 s)")
+    assert took < 20, took

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from queue import Empty
-from time import monotonic, time
+from time import time
 from typing import Any
 
 import redis
@@ -28,7 +28,7 @@ from kombu.utils import json as _json
 from belayq import Delivery, ReliableQueue
 from belayq.discovery import hidden
 
-from . import celery_state, delivering, eta, options, topology
+from . import celery_state, delivering, eta, options, scheduled, topology
 from .consume import Consume, Waiter
 from .delivering import PUBLISHED_MS
 from .qos import QoS
@@ -108,7 +108,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
             raise ValueError(f"priority_steps must start with 0, as kombu's do; got {steps!r}")
         self._core_options = options.core_options(self)
         self._waiters: dict[str, Waiter] = {}
-        self._lead_due: dict[str, float] = {}  # queue -> when to renew its lead (monotonic s)
+        self.lead_due: dict[str, float] = {}  # queue -> when to renew its lead (monotonic s)
         self._no_ack_queues: set[str] = set()
         self.claims: Tags = self.connection.claims
         self.consume = Consume(self)
@@ -352,26 +352,11 @@ class Channel(stock.Channel):  # type: ignore[misc]
 
     def sweep(self) -> None:
         """The sweep of every consumed queue (each worker runs its own, bounded); in a
-        Celery worker, the lead of each is taken or renewed too (see :meth:`lead`)."""
+        Celery worker, the lead of each is taken or renewed too (see :func:`.scheduled.lead`)."""
         for name in self.active_queues:
             self.queue(name).sweep()
         if celery_state.in_worker():
-            self.lead()
-
-    def lead(self) -> None:
-        """Take or renew this process's lead of each task queue it consumes, for a lease,
-        every third of one (:mod:`belayq.leading`): the worker that leads a queue lists its
-        delayed tasks in ``celery inspect scheduled`` (:mod:`.scheduled`)."""
-        now = monotonic()
-        for name in self.active_queues:
-            if hidden("kombu", name) or now < self._lead_due.get(name, 0.0):
-                continue
-            rq = self.queue(name)
-            self._lead_due[name] = now + rq.config.heartbeat_ms / 1000
-            try:
-                rq.lead()
-            except Exception as exc:  # a full server, an ACL: the lead lapses, work goes on
-                log.debug("the lead of %s was not renewed: %r", name, exc)
+            scheduled.lead(self)
 
     def adopt_stock(self) -> None:
         """Requeue messages stock workers left unacked for ``stock_unacked_timeout``."""
@@ -392,6 +377,7 @@ class Channel(stock.Channel):  # type: ignore[misc]
 
     def close(self) -> None:
         self.claims.flush()
+        scheduled.resign(self)
         for name in list(self._waiters):
             try:
                 self._close_waiter(name)

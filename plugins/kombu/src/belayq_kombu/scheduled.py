@@ -9,6 +9,9 @@ broadcast, not once per worker). Each entry has the shape Celery's own gives (``
 ``priority``, and ``request`` from Celery's ``Request.info()``), built by Celery's own
 ``Request`` from the stored message, as the worker would build it when the task is due.
 
+The leads are taken and renewed by each worker's sweep (:func:`lead`) and given up when its
+channel closes (:func:`resign`).
+
 The cost is bounded: a reply reads at most ``scheduled_max`` delayed tasks (a transport
 option, 1,000 by default), two reads per led queue. Only the delayed set is read; nothing is
 written.
@@ -20,8 +23,14 @@ import functools
 import json
 import logging
 from datetime import datetime, timezone
+from time import monotonic
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from belayq.discovery import hidden
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 log = logging.getLogger("belayq.kombu")
 
@@ -32,6 +41,33 @@ ETA_TIMER_PRIORITY = 6
 #: Stands in for a task this worker does not know: Celery's ``Request`` reads only its
 #: ``ignore_result`` when it is built, and ``info()`` none of it.
 _UNKNOWN_TASK = SimpleNamespace(ignore_result=False)
+
+
+def lead(channel: Channel) -> None:
+    """Take or renew this process's lead of each task queue ``channel`` consumes, for a
+    lease, every third of one (:meth:`belayq.ReliableQueue.lead`). A lead that cannot be
+    renewed (Redis unreachable, a full server) lapses; the sweep goes on."""
+    now = monotonic()
+    for name in channel.active_queues:
+        if hidden("kombu", name) or now < channel.lead_due.get(name, 0.0):
+            continue
+        rq = channel.queue(name)
+        channel.lead_due[name] = now + rq.config.heartbeat_ms / 1000
+        try:
+            rq.lead()
+        except Exception as exc:
+            log.debug("the lead of %s was not renewed: %r", name, exc)
+
+
+def resign(channel: Channel) -> None:
+    """Give up the leads ``channel`` renewed, so that another worker lists their delayed
+    tasks from its next renewal on, not once the leads expire; never raises."""
+    for name in list(channel.lead_due):
+        channel.lead_due.pop(name, None)
+        try:
+            channel.queue(name).resign()
+        except Exception as exc:
+            log.debug("the lead of %s was not given up (it lapses): %r", name, exc)
 
 
 def install() -> bool:

@@ -1,0 +1,26 @@
+-- resign.lua: give up the caller's lead of the queue (lead.lua) when it holds it, as a
+-- consumer that stops does: another consumer then takes the lead at its next renewal
+-- instead of once the lead has expired. Another process's lead is left alone.
+--
+-- KEYS[1] delayed  zset id -> due time (not touched but by the first command)
+-- KEYS[2] lead     string: the member of the process that leads
+-- ARGV[1..6]  see includes/context.lua
+-- ARGV[7] member  the caller, as lead.lua was given it: 1 to 300 bytes, no control character
+-- Returns 1 when the caller's lead was given up, 0 when it held none (nothing is written
+-- then).
+-- FLAGS: allow-oom (a full server still runs it: it frees memory)
+-- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
+-- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
+-- @include context
+
+local lead = KEYS[2]
+args_exactly(7)
+local member = any_arg(7, 'member')
+if #member == 0 or #member > 300 or string.find(member, '%c') then
+  bad('member (ARGV[7]) must be 1 to 300 bytes with no control character, got "' ..
+    shown(member) .. '"')
+end
+if redis.call('GET', lead) ~= member then return 0 end
+
+redis.call('DEL', lead)
+return 1
