@@ -81,6 +81,14 @@ def test_flower_and_the_celery_commands(workers: Any, celery_env: dict[str, str]
         assert running.id in tasks and tasks[running.id]["name"] == "worker_app.sleeper"
         page = get(f"{base}/broker")
         assert kq in page and "not supported" not in page
+        # A countdown task waits in Redis, held by no worker: Flower's page of the worker
+        # (which asks it alone, `inspect scheduled`) lists it among its scheduled tasks.
+        later = app.send_task("worker_app.add", (7, 7), queue=kq, countdown=300)
+        node = next(name for name in workers_seen if name.startswith(w.name.split("@")[0]))
+        shown = wait_for(lambda: get(f"{base}/api/workers?workername={node}&refresh=1")
+                         [node].get("scheduled"), 30, "Flower's scheduled tasks")
+        assert [e["request"]["id"] for e in shown] == [later.id]
+        assert later.id in get(f"{base}/worker/{node}")
 
         # What celery-exporter calls, through a stock redis:// connection to the same server
         # (it is not on PyPI, so it is not run; these are its reads).
