@@ -104,6 +104,8 @@ def test_the_core_runs_as_its_acl_user(server: RedisServer, admin: redis.Redis) 
     other = ReliableQueue(c, "acl-core-2", keeper=False)
     q.publish(b"a")
     q.publish(b"later", delay_ms=50)
+    assert [m.payload for m in q.delayed_messages(10)] == [b"later"]
+    assert q.lead() and q.leads() and q.resign() and q.leader() is None
     d = q.claim(1)[0]
     assert q.extend([d]) == [True] and q.ack(d)
     time.sleep(0.06)

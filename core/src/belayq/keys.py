@@ -71,10 +71,11 @@ class QueueKeys:
             every one of them), instead of on the ready list.
         consumers: Sorted set ``"<tag> <host> <pid>"`` -> registered at (ms): the consumer
             processes whose claims' tokens start with ``<tag>.``, newest first.
-        lead: String holding the consumer process (``"<tag> <host> <pid>"``) that answers
-            for the queue's delayed messages in its framework's views of them (Celery's
-            ``inspect scheduled``), so that each is shown once, not once per worker. It
-            expires on its own a lease after its process last renewed it (lua/lead.lua).
+        lead: Hash whose ``member`` is the consumer process (``"<tag> <host> <pid>"``)
+            that answers for the queue's delayed messages in its framework's views of them
+            (Celery's ``inspect scheduled``), so that each is shown once, not once per
+            worker. It expires on its own a lease after its process last renewed it
+            (lua/lead.lua).
     """
 
     levels: tuple[str, ...]

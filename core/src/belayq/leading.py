@@ -76,7 +76,7 @@ class Leading:
     def leader(self) -> str | None:
         """The process that leads the queue now (``"<tag> <host> <pid>"``), or None. Reads
         only."""
-        found = self.client.get(self.keys.lead)
+        found = self.client.hget(self.keys.lead, "member")
         return None if found is None else _text(found)
 
     def leads(self) -> bool:

@@ -6,7 +6,8 @@
 -- stops or dies hands it over within ttl_ms.
 --
 -- KEYS[1] delayed  zset id -> due time (not touched but by the first command)
--- KEYS[2] lead     string: the member of the process that leads, expiring after ttl_ms
+-- KEYS[2] lead     hash: 'member' holds the process that leads; the key expires after
+--                  ttl_ms (a hash, so that the core's ACL rules cover it: docs/acl.md)
 -- ARGV[1..6]  see includes/context.lua
 -- ARGV[7] member  the caller, as it describes itself ('<tag> <host> <pid>'): 1 to 300
 --                 bytes, no control character
@@ -26,8 +27,9 @@ if #member == 0 or #member > 300 or string.find(member, '%c') then
     shown(member) .. '"')
 end
 local ttl_ms = int_arg(8, 'ttl_ms', 1)
-local holder = redis.call('GET', lead)
+local holder = redis.call('HGET', lead, 'member')
 if holder and holder ~= member then return 0 end
 
-redis.call('SET', lead, member, 'PX', ttl_ms)
+redis.call('HSET', lead, 'member', member)
+redis.call('PEXPIRE', lead, ttl_ms)
 return 1

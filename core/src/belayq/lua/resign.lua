@@ -3,7 +3,7 @@
 -- instead of once the lead has expired. Another process's lead is left alone.
 --
 -- KEYS[1] delayed  zset id -> due time (not touched but by the first command)
--- KEYS[2] lead     string: the member of the process that leads
+-- KEYS[2] lead     hash: 'member' holds the process that leads
 -- ARGV[1..6]  see includes/context.lua
 -- ARGV[7] member  the caller, as lead.lua was given it: 1 to 300 bytes, no control character
 -- Returns 1 when the caller's lead was given up, 0 when it held none (nothing is written
@@ -20,7 +20,7 @@ if #member == 0 or #member > 300 or string.find(member, '%c') then
   bad('member (ARGV[7]) must be 1 to 300 bytes with no control character, got "' ..
     shown(member) .. '"')
 end
-if redis.call('GET', lead) ~= member then return 0 end
+if redis.call('HGET', lead, 'member') ~= member then return 0 end
 
 redis.call('DEL', lead)
 return 1
