@@ -74,6 +74,20 @@ def test_a_history_list_is_kept_within_the_history_max_its_queue_recorded(
         q.close()
 
 
+def test_a_queue_s_lead_is_kept_while_it_expires_within_the_recorded_lease(
+    private_redis: RedisServer,
+) -> None:
+    from belayq import ReliableQueue
+
+    with flushed_client(private_redis) as r:
+        q = ReliableQueue(r, "soak-l", lease_ms=5000)
+        assert q.lead()
+        assert verdicts(private_redis)["belayq:{soak-l}:lead"] == "kept"
+        r.persist(q.keys.lead)  # a lead that would never lapse
+        assert verdicts(private_redis)["belayq:{soak-l}:lead"] == "LEAK"
+        q.close()
+
+
 def test_a_task_is_lost_when_it_reached_neither_its_end_nor_its_framework_s_records(
     private_redis: RedisServer,
 ) -> None:

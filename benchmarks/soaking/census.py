@@ -109,6 +109,8 @@ class Context:
     memo_unexpiring: dict[str, int] = field(default_factory=dict)
     #: history list -> the ``history_max`` its queue recorded
     history_max: dict[str, int] = field(default_factory=dict)
+    #: lead key -> the ``lease_ms`` its queue recorded
+    lease_ms: dict[str, int] = field(default_factory=dict)
 
 
 def at_most(n: int, ttl_ms: int | None = None) -> Check:
@@ -135,13 +137,17 @@ def context(r: redis.Redis) -> Context:
         expiring = {text(m) for m in r.zrange(text(key) + ":exp", 0, -1)}
         unexpiring[text(key)] = len(fields - expiring)
     history: dict[str, int] = {}
+    lease: dict[str, int] = {}
     for found in list_queues(r):
         for part in parts_of(open_found(r, found)):
             for key in (part.keys.history_done, part.keys.history_failed,
                         part.keys.history_control):
                 history[key] = part.config.history_max
+            lead = getattr(part.keys, "lead", None)
+            if lead is not None:
+                lease[lead] = part.config.lease_ms
     return Context(rq_failed=frozenset(failed), memo_unexpiring=unexpiring,
-                   history_max=history)
+                   history_max=history, lease_ms=lease)
 
 
 def anything(k: Key, ctx: Context) -> str | None:
@@ -162,6 +168,14 @@ def recorded_history(k: Key, ctx: Context) -> str | None:
     if cap is None:
         return f"{k.name}: no queue on record keeps it"
     return f"{k.name}: {k.size} records, over history_max={cap}" if k.size > cap else None
+
+
+def recorded_lease(k: Key, ctx: Context) -> str | None:
+    """A queue's lead: it expires a lease (as its queue recorded it) after its last renewal."""
+    lease = ctx.lease_ms.get(k.name)
+    if lease is None:
+        return f"{k.name}: no queue on record leads with it"
+    return None if 0 < k.pttl <= lease else f"{k.name}: PTTL {k.pttl} ms, lease {lease} ms"
 
 
 def rq_job_record(k: Key, ctx: Context) -> str | None:
@@ -190,6 +204,8 @@ KEPT: list[tuple[str, str, Check]] = [
      f"{failures.KEEP_MS // DAY_MS} days after the last failure",
      at_most(failures.KEPT, failures.KEEP_MS)),
     (r":consumers$", f"consumer processes: newest {CONSUMERS_KEPT}", at_most(CONSUMERS_KEPT)),
+    (r":lead$", "the queue's lead (which worker lists its delayed messages): expires a lease "
+     "after its last renewal", recorded_lease),
     (r":memo(:exp)?$", "reply memos: entries of the last reply window, each with its expiry",
      memo_expires),
     (r":unpaused$", "the bell of a resumed queue: one element per queue", at_most(1)),
