@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 import redis
 
-from belayq import ConfigError, ReliableQueue
+from belayq import ConfigError, ReliableQueue, ShardedQueue
 from belayq.discovery import find, list_queues, open_found
 from belayq.embedded import RedisServer
-from belayq.keys import dramatiq_layout, registry_key
+from belayq.keys import dramatiq_layout, registry_key, shard_names
 from belayq.registry import Registry
+from belayq.sharded_layout import recorded_shards
 from tests.conftest import any_binary, client_of
 
 
@@ -226,3 +227,40 @@ def test_a_kombu_queue_only_a_prefixed_binding_table_knows_opens_on_that_prefix(
     assert open_found(r, found).keys.ready == f"{prefix}{qname}"
     assert [(f.namespace, f.name) for f in list_queues(r, kind="kombu")
             if f.name == qname] == [(prefix, qname)]
+
+
+def test_a_sharded_queue_warns_once_of_a_recorded_lease_shorter_than_my_heartbeat(
+    r: redis.Redis, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ShardedQueue(r, qname, shards=4, keeper=False, lease_ms=8_000)
+    with caplog.at_level(logging.WARNING, logger="belayq"):
+        q = ShardedQueue(r, qname, shards=4, keeper=False, heartbeat_interval_ms=10_000)
+    said = [rec.getMessage() for rec in caplog.records
+            if "heartbeat_interval_ms" in rec.getMessage()]
+    assert len(said) == 1, said
+    assert f"queue {qname!r}" in said[0]  # the logical queue, not one of its shards
+    assert all(s.config.lease_ms > 10_000 for s in q.shards)  # each shard keeps its own
+    q.drop()
+
+
+def test_a_full_server_opens_a_new_sharded_queue_so_it_drains(
+    full_server: RedisServer, qname: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with client_of(full_server) as client:
+        for name in shard_names(qname, 4):  # messages in its shards, no shard count recorded
+            ReliableQueue(client, name, keeper=False, record=False).publish(name.encode())
+        with full(client), caplog.at_level(logging.WARNING, logger="belayq"):
+            q = ShardedQueue(client, qname, shards=4, keeper=False)
+            got = q.claim(timeout=0, count=4)
+            assert sorted(d.payload for d in got) == sorted(
+                n.encode() for n in shard_names(qname, 4))
+            assert q.ack_many(got) == [True] * 4
+            ShardedQueue(client, qname, shards=4, keeper=False)  # warned once, not again
+        said = [rec.getMessage() for rec in caplog.records if "shard count" in rec.getMessage()]
+        assert len(said) == 1 and "full" in said[0], said
+        assert recorded_shards(client, qname) == 1  # recorded by the next open with room
+        q = ShardedQueue(client, qname, shards=4, keeper=False)
+        assert recorded_shards(client, qname) == 4
+        with full(client), pytest.raises(ConfigError, match="sharded over 4"):  # checked first
+            ShardedQueue(client, qname, shards=2, keeper=False)
+        q.drop()

@@ -194,11 +194,12 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin, Leading):
             shards=shards, payloads_key=self._payloads_key, namespace=self.namespace,
         )
 
-    def _adopt(self, recorded: QueueRecord) -> None:
+    def _adopt(self, recorded: QueueRecord, *, warn: bool = True) -> None:
         """Take the values other processes named where this one named none, each where it
         fits this process's own settings: a recorded ``lease_ms`` no longer than the
         ``heartbeat_interval_ms`` this process named is left (this process keeps its own
-        lease for its claims, with a warning), never a reason to refuse a valid
+        lease for its claims, with a warning unless ``warn`` is false: the shards of one
+        sharded queue warn once, by its name), never a reason to refuse a valid
         configuration."""
         taken = {f: getattr(recorded, f) for f in recorded.named
                  if f in ADOPTED_FIELDS and f not in self._named
@@ -209,10 +210,13 @@ class ReliableQueue(Consuming, Publishing, QueueAdmin, Leading):
             try:
                 config = dataclasses.replace(config, **{f: value})
             except ConfigError as exc:
+                if not warn:
+                    continue
                 log.warning(
                     "queue %r (%s): another process recorded %s=%r, which does not fit this "
                     "process's settings (%s); this process keeps %s=%r for its own claims. "
-                    "Name %s here to follow the record.", self.name, self.kind, f, value, exc,
+                    "Name %s here to follow the record.", self.sharded_as or self.name,
+                    self.kind, f, value, exc,
                     f, getattr(config, f), f)
         if config != self.config:
             self.config = config

@@ -99,8 +99,9 @@ class ShardedQueue(ShardedLayout):
             self._record_count(shards)
         if mine is not None:
             stood = _redis_errors(self._record_in_registry)(mine)
-            for q in parts:
-                q._adopt(stood)
+            for i, q in enumerate(parts):
+                q.sharded_as = name
+                q._adopt(stood, warn=i == 0)  # one queue: one warning, by its name
             self.config = parts[0].config
         for q in parts:
             q.sharded_as = name

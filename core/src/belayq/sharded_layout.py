@@ -1,18 +1,23 @@
 """Where a :class:`~belayq.ShardedQueue` of a kind keeps its keys, and the record of its
 layout: the shard count in the plain queue's stats hash and the registry's record, both
-checked before anything is written (mixed into it)."""
+checked before anything is written (mixed into it). On a full server (``maxmemory`` under
+``noeviction``) both writes are best-effort, with a warning, so that a queue can always be
+opened to drain it."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any
 
-from .errors import NO_PERMISSION, ConfigError
+from .errors import NO_PERMISSION, OUT_OF_MEMORY, ConfigError
 from .errors import redis_errors as _redis_errors
 from .keys import SHARDS_FIELD, QueueKeys, owned_ready_key
 from .queue import ReliableQueue
 from .registry import QueueRecord, Registry, check_layout, record_or_warn
 from .sharded_admin import ShardedAdmin
+
+log = logging.getLogger("belayq")
 
 
 class ShardedLayout(ShardedAdmin):
@@ -77,7 +82,11 @@ class ShardedLayout(ShardedAdmin):
                         f"queue {self.name!r} holds {held} message(s) as an unsharded queue; "
                         "drain it (consumers with shards=1, or none) before sharding it"
                     )
-            self.client.hsetnx(base, SHARDS_FIELD, shards)
+            try:
+                self.client.hsetnx(base, SHARDS_FIELD, shards)
+            except OUT_OF_MEMORY as exc:  # drained all the same; recorded at a later open
+                _count_unwritten(self.name, base, shards, exc)
+                return
             recorded = self.client.hget(base, SHARDS_FIELD)
         if int(recorded) != shards:
             raise ConfigError(
@@ -86,6 +95,22 @@ class ShardedLayout(ShardedAdmin):
                 "count, stop its producers, let its consumers drain it, drop it (`belayq "
                 "drop`), then open it with the new count"
             )
+
+
+def _count_unwritten(name: str, key: str, shards: int, exc: BaseException) -> None:
+    """Warn (once per queue and process) that a full server refused to record the shard
+    count: the queue opens over its ``shards`` shards, so that it can be drained."""
+    if key in _FULL:
+        return
+    _FULL.add(key)
+    log.warning(
+        "queue %r: the Redis server is full (%s), so its shard count (%d) was not recorded "
+        "in %r; the queue opens over %d shards, and the count is recorded by the next "
+        "process that opens it once there is memory again.", name, exc, shards, key, shards)
+
+
+#: The shard counts a full server refused in this process, by key: warned once.
+_FULL: set[str] = set()
 
 
 def recorded_shards(client: Any, name: str, prefix: str = "belayq") -> int:
