@@ -209,8 +209,6 @@ KEPT: list[tuple[str, str, Check]] = [
     (r":memo(:exp)?$", "reply memos: entries of the last reply window, each with its expiry",
      memo_expires),
     (r":unpaused$", "the bell of a resumed queue: one element per queue", at_most(1)),
-    (r":lead$", "the worker that lists the queue's delayed tasks: one field per queue, "
-     "expires a lease after its last renewal", at_most(1, DAY_MS)),
     (r"^_kombu\.binding(\.|_deadlines$|_permanent\.)",
      "kombu's binding tables and their expiry records: one per exchange", anything),
     # RQ's own keys, as stock RQ keeps them
