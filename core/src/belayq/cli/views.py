@@ -157,8 +157,7 @@ def queue_rows(
         except ConnectionLost:
             raise
         except _SHOWN as exc:
-            rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
-                         "error": f"{type(exc).__name__}: {exc}"})
+            rows.append(error_row(f, exc))
     return rows
 
 
@@ -180,6 +179,15 @@ def queue_row(found: Found, q: AnyQueue,
            "recorded": found.recorded, "reclaimed": stats.get("reclaimed", 0),
            "dead_lettered": stats.get("dead_lettered", 0), **counts}
     if found.namespace:  # apps apart by their namespace share the server
+        row["namespace"] = found.namespace
+    return row
+
+
+def error_row(found: Found, exc: BaseException) -> dict[str, Any]:
+    """The line of a queue that could not be read: what names it, and the error."""
+    row = {"kind": found.kind, "queue": found.name, "recorded": found.recorded,
+           "error": f"{type(exc).__name__}: {exc}"}
+    if found.namespace:
         row["namespace"] = found.namespace
     return row
 

@@ -123,8 +123,7 @@ class Dashboard:
             except ConnectionLost:
                 raise
             except _SHOWN as exc:  # one that cannot be opened is a line with its error
-                rows.append({"kind": f.kind, "queue": f.name, "recorded": f.recorded,
-                             "error": f"{type(exc).__name__}: {exc}"})
+                rows.append(views.error_row(f, exc))
         rows = console.overview_rows(items, self.rates) + rows
         return {"queues": rows, "demo": self.demo.state() if self.demo else None,
                 "eviction": eviction.warning(self.client)}

@@ -80,8 +80,7 @@ def _guarded(found: Found, read: Any) -> dict[str, Any]:
     except ConnectionLost:
         raise
     except _SHOWN as exc:
-        return {"kind": found.kind, "queue": found.name, "recorded": found.recorded,
-                "error": f"{type(exc).__name__}: {exc}"}
+        return views.error_row(found, exc)
 
 
 def _row(found: Found, q: AnyQueue, stats: dict[str, int], counts: readmodel.Counts,
@@ -245,8 +244,11 @@ def search(queues: Sequence[tuple[Found, AnyQueue]], message_id: str) -> list[di
             detail = message(q, message_id)
         except LookupError:
             continue
-        hits.append({"kind": found.kind, "queue": found.name, "state": detail["state"],
-                     "id": detail["id"]})
+        hit = {"kind": found.kind, "queue": found.name, "state": detail["state"],
+               "id": detail["id"]}
+        if found.namespace:  # which of two apps' queues of this name
+            hit["namespace"] = found.namespace
+        hits.append(hit)
     return hits
 
 

@@ -1,7 +1,10 @@
 // The console of a fleet's queues: the overview of every queue (#/), one queue's page
-// (#/queue/<kind>/<name>), search by message id, and the demo's pool when there is one.
+// (#/queue/<kind>/<name>, and ?namespace=<ns> for a queue of an app's own namespace), search
+// by message id, and the demo's pool when there is one.
 // It reads the JSON API every second; nothing is loaded from anywhere else.
-import { $, ApiError, age, api, enc, esc, num, queuePath, renderInto } from "./util.js";
+import {
+  $, ApiError, age, api, enc, esc, namespaceQuery, num, queueOf, queuePath, renderInto, sameQueue,
+} from "./util.js";
 import { closeMessageUnlessOf } from "./dialogs.js";
 import { closeQueue, initQueue, open, openQueue, renderQueue } from "./queue.js";
 
@@ -9,16 +12,23 @@ const REFRESH_MS = 1000;
 
 // -- routes ------------------------------------------------------------------------------
 
+/** The view the address names: {view: "overview"}, or {view: "queue", queue}. */
 function route() {
-  const parts = location.hash.replace(/^#\/?/, "").split("/");
+  const hash = location.hash.replace(/^#\/?/, "");
+  const cut = hash.indexOf("?");  // a name's own "?" is sent encoded
+  const parts = (cut < 0 ? hash : hash.slice(0, cut)).split("/");
   if (parts[0] === "queue" && parts.length >= 3) {
-    return { view: "queue", kind: decodeURIComponent(parts[1]),
-      name: decodeURIComponent(parts.slice(2).join("/")) };
+    const query = new URLSearchParams(cut < 0 ? "" : hash.slice(cut + 1));
+    return { view: "queue", queue: queueOf(decodeURIComponent(parts[1]),
+      decodeURIComponent(parts.slice(2).join("/")), query.get("namespace")) };
   }
   return { view: "overview" };
 }
 
-export const queueHash = (kind, name) => `#/queue/${enc(kind)}/${enc(name)}`;
+export const queueHash = (q) => `#/queue/${enc(q.kind)}/${enc(q.name)}${namespaceQuery(q)}`;
+
+/** The queue of an overview line (its data-kind, data-queue and data-namespace). */
+const queueOfRow = (row) => queueOf(row.dataset.kind, row.dataset.queue, row.dataset.namespace);
 
 function show(r) {
   $("view-overview").hidden = r.view !== "overview";
@@ -58,12 +68,17 @@ function cell(row, key, type) {
   if (type === "flag") return v ? '<span class="badge warn" data-testid="paused-flag">paused</span>' : "";
   if (key === "error") return v ? `<span class="error">${esc(v)}</span>` : "";
   if (key === "kind") return `<span class="kind">${esc(v)}</span>`;
+  if (key === "queue" && row.namespace) {  // another app's queue of this name
+    return `<span class="muted" data-testid="overview-namespace">${esc(row.namespace)} / </span>` +
+      `<b>${esc(v)}</b>`;
+  }
   return `<b>${esc(v)}</b>`;
 }
 
 function renderOverview(o) {
   const rows = [...o.queues].sort((a, b) => compare(a, b) ||
-    `${a.kind}/${a.queue}`.localeCompare(`${b.kind}/${b.queue}`));
+    `${a.kind}/${a.queue}`.localeCompare(`${b.kind}/${b.queue}`) ||
+    (a.namespace || "").localeCompare(b.namespace || ""));
   const head = "<thead><tr>" + COLUMNS.map(([key, label, type]) => {
     const on = sorting.key === key;
     const aria = on ? ` aria-sort="${sorting.descending ? "descending" : "ascending"}"` : "";
@@ -72,7 +87,8 @@ function renderOverview(o) {
       `data-focus="sort:${key}" data-testid="sort-${key}">${esc(label)}${arrow}</button></th>`;
   }).join("") + "</tr></thead>";
   const body = rows.map((r) => `<tr tabindex="0" data-testid="overview-row" ` +
-    `data-kind="${esc(r.kind)}" data-queue="${esc(r.queue)}" data-focus="q:${esc(r.kind)}/${esc(r.queue)}"` +
+    `data-kind="${esc(r.kind)}" data-queue="${esc(r.queue)}" data-namespace="${esc(r.namespace || "")}" ` +
+    `data-focus="q:${esc(r.kind)}/${esc(r.namespace || "")}/${esc(r.queue)}"` +
     `${r.error ? ' class="broken"' : ""}>` +
     COLUMNS.map(([key, , type]) => `<td class="${type}">${cell(r, key, type)}</td>`).join("") +
     "</tr>").join("");
@@ -96,13 +112,13 @@ $("overview").addEventListener("click", (e) => {
     return;
   }
   const row = e.target.closest("tr[data-queue]");
-  if (row) location.hash = queueHash(row.dataset.kind, row.dataset.queue);
+  if (row) location.hash = queueHash(queueOfRow(row));
 });
 $("overview").addEventListener("keydown", (e) => {
   const row = e.target.closest && e.target.closest("tr[data-queue]");
   if (e.key === "Enter" && row && e.target === row) {
     e.preventDefault();
-    location.hash = queueHash(row.dataset.kind, row.dataset.queue);
+    location.hash = queueHash(queueOfRow(row));
   }
 });
 
@@ -169,7 +185,8 @@ $("search-form").addEventListener("submit", async (e) => {
       openFound(found[0], id);
     } else {
       out.innerHTML = `${esc(id)} is in ${found.length} queues: ` + found.map((f, i) =>
-        `<button type="button" data-hit="${i}">${esc(f.kind)}/${esc(f.queue)} (${esc(f.state)})</button>`).join(" ");
+        `<button type="button" data-hit="${i}">${esc(f.kind)}/` +
+        `${f.namespace ? `${esc(f.namespace)}/` : ""}${esc(f.queue)} (${esc(f.state)})</button>`).join(" ");
       out.querySelectorAll("[data-hit]").forEach((b) => b.addEventListener("click", () => {
         out.hidden = true;
         openFound(found[Number(b.dataset.hit)], id);
@@ -181,8 +198,9 @@ $("search-form").addEventListener("submit", async (e) => {
 });
 
 function openFound(hit, id) {
-  location.hash = queueHash(hit.kind, hit.queue);
-  open(hit.id || id, hit.kind, hit.queue);  // by belayq's id, whichever id was typed
+  const q = queueOf(hit.kind, hit.queue, hit.namespace);
+  location.hash = queueHash(q);
+  open(hit.id || id, q);  // by belayq's id, whichever id was typed
 }
 
 document.addEventListener("keydown", (e) => {
@@ -220,14 +238,15 @@ async function load() {
     renderOverview(o);
     return;
   }
-  const row = o.queues.find((q) => q.kind === r.kind && q.queue === r.name) || null;
+  const row = o.queues.find((q) => sameQueue(queueOf(q.kind, q.queue, q.namespace),
+    r.queue)) || null;
   try {
-    const d = await api(queuePath(r.kind, r.name));
+    const d = await api(queuePath(r.queue));
     const now = route();
-    if (now.view === "queue" && now.kind === r.kind && now.name === r.name) {
+    if (now.view === "queue" && sameQueue(now.queue, r.queue)) {
       $("queue-missing").hidden = true;
       $("queue-page").hidden = false;
-      renderQueue(r.kind, r.name, d, row);
+      renderQueue(r.queue, d, row);
     }
   } catch (e) {
     if (!(e instanceof ApiError) || e.status !== 404) throw e;
@@ -257,9 +276,8 @@ export function refresh() {
 
 window.addEventListener("hashchange", () => {
   const r = route();
-  closeMessageUnlessOf(r.view === "queue" ? r.kind : null, r.view === "queue" ? r.name : null);
-  const q = openQueue();
-  if (r.view !== "queue" || !q || q.kind !== r.kind || q.name !== r.name) {
+  closeMessageUnlessOf(r.view === "queue" ? r.queue : null);
+  if (r.view !== "queue" || !sameQueue(openQueue(), r.queue)) {
     $("queue-page").hidden = true;  // nothing of another queue shows while this one loads
   }
   show(r);

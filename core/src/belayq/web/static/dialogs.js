@@ -1,6 +1,6 @@
 // The two dialogs: the confirmation every action passes through (typing the queue's name
 // for a purge and for every "all"), and one message's detail.
-import { $, api, copy, esc, json, num, queuePath, when, enc } from "./util.js";
+import { $, api, copy, esc, json, num, queueKey, queuePath, when, enc } from "./util.js";
 
 // -- confirmation ------------------------------------------------------------------------
 
@@ -118,11 +118,11 @@ function frameworkHtml(f) {
     block("traceback", f.exc_info, "exc-info");
 }
 
-function messageHtml(kind, name, m) {
+function messageHtml(q, m) {
   const badge = `<span class="badge ${STATE_CLASS[m.state] || ""}">${esc(m.state)}</span>`;
   const secs = (v) => (v === undefined || v === null ? null : `${num(v, 1)} s`);
   return "<dl>" +
-    field("queue", `${kind} / ${name}`) + field("state", badge, "message-state", true) +
+    field("queue", [q.kind, q.namespace, q.name].filter(Boolean).join(" / ")) + field("state", badge, "message-state", true) +
     field("shard", m.shard) + field("lease left", secs(m.lease_left_s)) +
     field("due in", secs(m.due_in_s)) + field("dead since", at(m.dead_at_ms)) +
     field("deliveries", m.deliveries) + field("runs (attempts)", m.attempts) +
@@ -132,12 +132,13 @@ function messageHtml(kind, name, m) {
     (m.payload || !m.framework ? payloadHtml(m.payload) : "") + frameworkHtml(m.framework);
 }
 
-/** Open message ``id`` of queue ``kind``/``name``. ``actionsFor(message)`` lists the
- * buttons its state allows: [{label, testid, run}], each run closing the detail first. */
-export async function showMessage(kind, name, id, actionsFor) {
+/** Open message ``id`` of queue ``q`` ({kind, name, namespace}). ``actionsFor(message)``
+ * lists the buttons its state allows: [{label, testid, run}], each run closing the detail
+ * first. */
+export async function showMessage(q, id, actionsFor) {
   const dialog = $("message");
-  const whose = `${kind}/${name}/${id}`;
-  dialog.dataset.queue = `${kind}/${name}`;
+  const whose = JSON.stringify([queueKey(q), id]);
+  dialog.dataset.queue = queueKey(q);
   dialog.dataset.shows = whose;
   $("message-id").textContent = id;
   $("message-body").innerHTML = '<p class="muted">loading…</p>';
@@ -146,7 +147,7 @@ export async function showMessage(kind, name, id, actionsFor) {
   $("message-close").focus();
   let m;
   try {
-    m = await api(`${queuePath(kind, name)}/message/${enc(id)}`);
+    m = await api(queuePath(q, `/message/${enc(id)}`));
   } catch (e) {
     if (dialog.open && dialog.dataset.shows === whose) {
       $("message-body").innerHTML = `<p class="error" data-testid="message-missing">${esc(e.message)}</p>`;
@@ -154,7 +155,7 @@ export async function showMessage(kind, name, id, actionsFor) {
     return;
   }
   if (!dialog.open || dialog.dataset.shows !== whose) return;  // closed, or another since
-  $("message-body").innerHTML = messageHtml(kind, name, m);
+  $("message-body").innerHTML = messageHtml(q, m);
   const buttons = actionsFor ? actionsFor(m) : [];
   const bar = $("message-actions");
   for (const b of buttons) {
@@ -170,10 +171,10 @@ export async function showMessage(kind, name, id, actionsFor) {
 
 $("message-close").addEventListener("click", () => $("message").close());
 
-/** Close the message's detail unless it is one of queue ``kind``/``name`` (null: any). */
-export function closeMessageUnlessOf(kind, name) {
+/** Close the message's detail unless it is one of queue ``q`` (null: any). */
+export function closeMessageUnlessOf(q) {
   const dialog = $("message");
-  if (dialog.open && (kind === null || dialog.dataset.queue !== `${kind}/${name}`)) {
+  if (dialog.open && (q === null || dialog.dataset.queue !== queueKey(q))) {
     dialog.close();
   }
 }

@@ -3,13 +3,13 @@
 import { confirmAction, showMessage } from "./dialogs.js";
 import { drawGraph } from "./graph.js";
 import {
-  $, age, api, copy, esc, expanded, idCell, job, num, plural, probe, queuePath,
-  renderInto, table, when,
+  $, age, api, copy, esc, expanded, idCell, job, num, plural, probe, queueKey, queueOf,
+  queuePath, renderInto, sameQueue, table, when,
 } from "./util.js";
 
-let shown = null;        // {kind, name, detail, row} of the page on screen
+let shown = null;        // {kind, name, namespace, detail, row} of the page on screen
 let refreshNow = () => {};
-const pausable = new Map();  // "kind/name" -> true | false (pause endpoints exist?) | null
+const pausable = new Map();  // queueKey -> true | false (pause endpoints exist?) | null
 
 export function initQueue(refresh) {
   refreshNow = refresh;
@@ -33,7 +33,7 @@ export function initQueue(refresh) {
   window.addEventListener("resize", () => shown && drawHistory(shown.detail));
 }
 
-/** The queue whose page is open, or null. */
+/** The queue whose page is open ({kind, name, namespace, ...}), or null. */
 export const openQueue = () => shown;
 
 /** Leave the page: what it showed is forgotten (the next queue starts empty). */
@@ -48,19 +48,23 @@ export function say(text, error = false) {
 
 // -- drawing -----------------------------------------------------------------------------
 
-export function renderQueue(kind, name, detail, row) {
-  const fresh = !shown || shown.kind !== kind || shown.name !== name;
-  shown = { kind, name, detail, row };
+/** Draw the page of queue ``q`` ({kind, name, namespace}). */
+export function renderQueue(q, detail, row) {
+  const { kind, name, namespace } = q;
+  const fresh = !sameQueue(shown, q);
+  shown = { ...queueOf(kind, name, namespace), detail, row };
   if (fresh) {
     say("");
     $("sweep-result").textContent = "";
-    checkPause(kind, name);
+    checkPause(shown);
   }
   $("queue-kind").textContent = kind;
+  $("queue-namespace").textContent = namespace ? `${namespace} /` : "";
+  $("queue-namespace").hidden = !namespace;
   $("queue-name").textContent = name;
-  document.title = `${name} · belayq`;
+  document.title = `${namespace ? `${namespace}/` : ""}${name} · belayq`;
   $("paused-badge").hidden = !(row && row.paused);
-  const canPause = pausable.get(`${kind}/${name}`) === true;
+  const canPause = pausable.get(queueKey(q)) === true;
   $("pause").hidden = !canPause || Boolean(row && row.paused);
   $("resume").hidden = !canPause || !(row && row.paused);
   $("queue-error").hidden = !(row && row.error);
@@ -195,8 +199,9 @@ function onAction(e) {
   e.stopPropagation();
 }
 
-export function open(id, kind = shown && shown.kind, name = shown && shown.name) {
-  showMessage(kind, name, id, (m) => {
+/** Open message ``id`` of queue ``q`` (the page's). */
+export function open(id, q = shown) {
+  showMessage(queueOf(q.kind, q.name, q.namespace), id, (m) => {
     const buttons = [];
     if (m.state === "dead") {
       buttons.push({ label: "Replay", testid: "message-replay", run: () => replay(id) },
@@ -216,19 +221,19 @@ export function open(id, kind = shown && shown.kind, name = shown && shown.name)
 
 /** Confirm, send, say what came back, refresh. ``body`` null: the action was cancelled. */
 async function act(path, confirm, body, told) {
-  const { kind, name } = shown;
+  const q = queueOf(shown.kind, shown.name, shown.namespace);
   if (!(await confirmAction(confirm))) {
     say("Cancelled: nothing was sent.");
     return null;
   }
   try {
-    const r = await api(`${queuePath(kind, name)}/${path}`, body);
+    const r = await api(queuePath(q, `/${path}`), body);
     say(told(r));
     return r;
   } catch (e) {
     say(`${path} refused: ${e.message}`, true);
     if (e.routeMissing && (path === "pause" || path === "resume")) {
-      pausable.set(`${kind}/${name}`, false);
+      pausable.set(queueKey(q), false);
     }
     return null;
   } finally {
@@ -317,16 +322,16 @@ function pause(on) {
 
 /** Whether the server has the pause endpoints: a GET of one answers 404 when no route has
  * that path, 405 (POST only) when it exists. Until the answer comes, the buttons stay hidden. */
-async function checkPause(kind, name) {
-  const key = `${kind}/${name}`;
+async function checkPause(q) {
+  const key = queueKey(q);
   if (pausable.has(key)) return;
   pausable.set(key, null);
   try {
-    pausable.set(key, (await probe(`${queuePath(kind, name)}/pause`)) !== 404);
+    pausable.set(key, (await probe(queuePath(q, "/pause"))) !== 404);
   } catch {
     pausable.delete(key);
   }
-  if (shown && shown.kind === kind && shown.name === name) {
-    renderQueue(kind, name, shown.detail, shown.row);
+  if (sameQueue(shown, q)) {
+    renderQueue(shown, shown.detail, shown.row);
   }
 }

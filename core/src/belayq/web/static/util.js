@@ -50,7 +50,19 @@ export async function probe(path) {
 
 export const $ = (id) => document.getElementById(id);
 export const enc = encodeURIComponent;
-export const queuePath = (kind, name) => `/api/queue/${enc(kind)}/${enc(name)}`;
+
+/** A queue is its kind, its name and its namespace: two apps that share the server (Dramatiq
+ * apps with their own namespace, Celery apps with their own key prefix) may each have a
+ * queue of one name. ``namespace`` "" is the framework's default. */
+export const queueOf = (kind, name, namespace = "") => ({ kind, name, namespace: namespace || "" });
+export const sameQueue = (a, b) => Boolean(a && b) && a.kind === b.kind && a.name === b.name &&
+  a.namespace === b.namespace;
+export const queueKey = (q) => JSON.stringify([q.kind, q.namespace, q.name]);
+/** ``?namespace=NS`` for a queue of a namespace other than the default; "" otherwise. */
+export const namespaceQuery = (q) => (q.namespace ? `?namespace=${enc(q.namespace)}` : "");
+/** The API address of queue ``q``, or of ``rest`` under it ("/pause", "/message/<id>"). */
+export const queuePath = (q, rest = "") =>
+  `/api/queue/${enc(q.kind)}/${enc(q.name)}${rest}${namespaceQuery(q)}`;
 
 export function esc(s) {
   return String(s ?? "–").replace(/[&<>"']/g,
