@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from belayq import ConfigError, ReliableQueue, ShardedQueue
-from belayq.discovery import find, list_queues, open_found
+from belayq.discovery import Found, find, list_queues, open_found
 from belayq.embedded import RedisServer
 from belayq.keys import dramatiq_layout, registry_key, shard_names
 from belayq.registry import Registry
@@ -264,3 +264,25 @@ def test_a_full_server_opens_a_new_sharded_queue_so_it_drains(
         with full(client), pytest.raises(ConfigError, match="sharded over 4"):  # checked first
             ShardedQueue(client, qname, shards=2, keeper=False)
         q.drop()
+
+
+def test_a_dramatiq_queue_is_known_by_its_record_only_in_its_own_namespace(
+    r: redis.Redis, qname: str
+) -> None:
+    stock = dramatiq_layout(qname, namespace="app2")  # as stock RedisBroker's enqueue
+    r.hset(stock["payloads_key"], "id-1", "body-1")
+    r.rpush(stock["ready_key"], "id-1")
+    assert all(f.name != qname for f in list_queues(r))  # Dramatiq keeps no set of queues
+    with pytest.raises(LookupError):
+        find(r, qname, "dramatiq", namespace="app2")
+    unrecorded = open_found(r, Found("dramatiq", qname, namespace="app2"))  # were it named
+    assert isinstance(unrecorded, ReliableQueue)
+    assert unrecorded.keys.ready == stock["ready_key"]
+    ReliableQueue(r, qname, keeper=False, **stock)  # as belayq_dramatiq opens it
+    found = find(r, qname, "dramatiq")
+    assert found.namespace == "app2"
+    q = open_found(r, found)
+    assert isinstance(q, ReliableQueue) and q.keys.ready == stock["ready_key"]
+    [d] = q.claim(timeout=0)
+    assert d.payload == b"body-1"  # from its own app's lists
+    q.drop()
