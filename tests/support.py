@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+from unittest import mock
+
+import redis
+from redis.connection import AbstractConnection
 
 
 def wait_for(
@@ -22,3 +27,37 @@ def wait_for(
             shown = what() if callable(what) else what
             raise AssertionError(f"timed out after {timeout} s waiting for {shown}")
         time.sleep(step)
+
+
+@contextlib.contextmanager
+def reply_lost_once(script: str | None = None) -> Iterator[list[Any]]:
+    """The first reply to a call of belayq's script ``script`` (any of them: None) is lost after the server ran
+    the call (read, then the connection drops), so redis-py's retry sends the very same
+    command again, as it does after a dropped connection. Yields a list that holds the lost
+    reply once it was lost."""
+    from belayq.sources import script_of
+
+    lost: list[Any] = []
+    send, read = AbstractConnection.send_command, AbstractConnection.read_response
+    losing: set[int] = set()
+
+    def sending(self: Any, *args: Any, **kwargs: Any) -> Any:
+        found = script_of(args)
+        if not lost and not losing and found and found == (script or found):
+            losing.add(id(self))
+        return send(self, *args, **kwargs)
+
+    def reading(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = read(self, *args, **kwargs)
+        if id(self) in losing:
+            losing.discard(id(self))
+            lost.append(reply)
+            self.disconnect()
+            raise redis.ConnectionError("the reply was lost (the connection dropped)")
+        return reply
+
+    with (
+        mock.patch.object(AbstractConnection, "send_command", sending),
+        mock.patch.object(AbstractConnection, "read_response", reading),
+    ):
+        yield lost

@@ -136,3 +136,28 @@ def test_the_error_says_when_the_figures_cannot_be_read() -> None:
     assert isinstance(error, OutOfMemory)
     assert "maxmemory and its policy could not be read" in str(error)
     assert "refused publish whole" in str(error)
+
+
+def test_delete_dead_frees_memory_on_a_full_server(q: ReliableQueue) -> None:
+    q.publish_many([b"x" * 1000 for _ in range(4)])
+    for d in q.claim(timeout=0, count=4):
+        assert q.dead_letter(d, "bad")
+    first = q.dead_letters()[0].id
+    with full(q):
+        assert q.delete_dead([first]) == 1  # by ids
+        assert q.delete_dead(limit=2) == 2  # the oldest
+        assert q.stats()["dead"] == 1
+
+
+def test_the_dashboards_delete_frees_memory_on_a_full_server(q: ReliableQueue) -> None:
+    web = pytest.importorskip("belayq.web")
+    pytest.importorskip("uvicorn")
+    from tests.web.conftest import _served
+    from tests.web.test_dashboard import call
+
+    q.publish_many([b"x" * 1000 for _ in range(3)])
+    for d in q.claim(timeout=0, count=3):
+        assert q.dead_letter(d, "bad")
+    with _served(web.create_app(q.client)) as base, full(q):
+        call(f"{base}/api/queue/belayq/{q.name}/delete", {"all": True, "confirm": q.name})
+        assert q.stats()["dead"] == 0  # deleted (its log entry is written only if it fits)

@@ -305,9 +305,9 @@ class QueueAdmin:
     def _dead_letters(self, call: str, ids: Sequence[str] | None, limit: int, *,
                       discard: bool) -> int:
         check_int("limit", limit, minimum=1)
-        flag = "1" if discard else "0"
+        script = "discard" if discard else "replay"
         if ids is None:
-            return int(self._scripts.run("replay", limit, flag))
+            return int(self._scripts.run(script, limit))
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise ConfigError(f"{call}(ids=...) takes a sequence of ids, not one string")
         ids = list(ids)
@@ -315,7 +315,7 @@ class QueueAdmin:
             raise ConfigError(f"{call}(ids=...) takes non-empty str ids, got {ids!r}")
         if not ids:
             return 0
-        return int(self._scripts.run("replay", limit, flag, *ids))
+        return int(self._scripts.run(script, limit, *ids))
 
     @_redis_errors
     def purge(

@@ -11,6 +11,7 @@ own transaction (RQ's MULTI) is sent as EVAL with the script's text, which no lo
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,7 +36,7 @@ from .errors import (
 )
 from .keys import QueueKeys
 from .sent import Sent, pool_connection
-from .sources import SCRIPT_NAMES, key_roles, library, sha, source
+from .sources import SCRIPT_NAMES, key_roles, library, memoized, sha, source
 
 #: What a cluster client meets while a master fails over: its node refuses connections
 #: (killed) or stops answering, until a replica takes its slots over. redis-py retries a
@@ -43,6 +44,19 @@ from .sources import SCRIPT_NAMES, key_roles, library, sha, source
 #: that may have run is safe to send again: publishes and claims answer a re-sent request
 #: id from their reply memo, settles are fenced by the claim's token.
 _FAILING_OVER = (*CONNECTION_ERROR, *CLUSTER_ERROR)  # CLUSTER_ERROR: SlotNotCoveredError...
+
+
+def request_id() -> str:
+    """A fresh request id: a call redis-py re-sends after a dropped connection answers from
+    the reply memo as its first run did (64 random bits: no two calls within the reply
+    window share one)."""
+    return os.urandom(8).hex()
+
+
+def _request_id(name: str, given: str) -> str:
+    """The request id a call of script ``name`` goes with: the caller's, else a fresh one
+    when the script keeps a reply memo (``-- MEMO: reply``), so no caller can forget it."""
+    return given or (request_id() if memoized(name) else "")
 
 
 def _lost_scripts(reply: Any) -> bool:
@@ -210,7 +224,8 @@ class ScriptRunner(DurableWrites):
             ConnectionLost: A slot migration or failover outlasted ``cluster_retry_ms``.
         """
         durable = durable and self.wait_command is not None
-        return self._retrying(lambda: self._run_once(name, args, request_id, durable))
+        rid = _request_id(name, request_id)  # one id for every try: a re-send is the same call
+        return self._retrying(lambda: self._run_once(name, args, rid, durable))
 
     def _run_once(self, name: str, args: Sequence[Arg], request_id: str, durable: bool) -> Any:
         for attempt in (1, 2):
@@ -299,6 +314,8 @@ class ScriptRunner(DurableWrites):
         """Run several scripts in one round trip (a pipeline, not a transaction): each call
         is ``(name, args, request_id)``; the replies in order. A call that found its script
         or function missing ran nothing: they are reloaded and that call alone runs again."""
+        calls = tuple((name, args, _request_id(name, rid)) for name, args, rid in calls)
+
         def once() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for name, args, rid in calls:
@@ -318,8 +335,9 @@ class ScriptRunner(DurableWrites):
         """Queue script ``name`` on the caller's pipeline or transaction as EVAL with the
         script's text: it cannot fail with NOSCRIPT inside a MULTI the caller executes."""
         keys = self.vectors[name]
+        rid = _request_id(name, request_id)
         pipeline.execute_command(
-            "EVAL", source(name), len(keys), *keys, *self.common_args(request_id), *args
+            "EVAL", source(name), len(keys), *keys, *self.common_args(rid), *args
         )
 
     def run_once(self, name: str, *args: Arg, request_id: str = "") -> Any:
@@ -327,5 +345,5 @@ class ScriptRunner(DurableWrites):
         library or scripts if the server lost them). A redirection or an unreachable node
         raises redis-py's error at once, for a caller that has other queues to serve
         meanwhile (:func:`belayq.claim_any`)."""
-        return self._run_once(name, args, request_id, False)
+        return self._run_once(name, args, _request_id(name, request_id), False)
 

@@ -4,7 +4,6 @@ fencing token; a claim another one holds now is refused and counted (``stale_ack
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -17,15 +16,8 @@ from .errors import redis_errors as _redis_errors
 from .holding import HeldClaims
 from .models import Delivery
 from .models import text as _text
-from .scripts import Arg, ScriptRunner
+from .scripts import Arg, ScriptRunner, request_id
 from .sent import Answer
-
-
-def request_id() -> str:
-    """A fresh request id: a call redis-py re-sends after a dropped connection answers from
-    the reply memo as its first run did (64 random bits: no two calls within the reply
-    window share one)."""
-    return os.urandom(8).hex()
 
 
 def _result_text(result: bytes | str | None) -> str:

@@ -22,7 +22,15 @@ none, and Redis refuses a deny-oom command under maxmemory only while the script
 written nothing (``scriptVerifyOOM`` in Redis 7, ``luaRedisGenericCommand`` in 6.2): so an
 ``allow-oom`` script's first command is a write that changes nothing and is not deny-oom
 (``ZREM`` of a member no id can be), and a script without flags starts with one that is
-deny-oom (``ZADD XX`` of that member), which a full server refuses before anything."""
+deny-oom (``ZADD XX`` of that member), which a full server refuses before anything.
+
+A ``-- MEMO:`` line of the contract block declares how a call sent again after its reply was
+lost (redis-py re-sends the same command, so the same request id) answers as its first run
+did and changes nothing more: ``reply`` (the script keeps its reply in the queue's memo,
+includes/memo.lua, and needs the ``memo`` and ``memo_exp`` keys; the runner gives every call
+of it a fresh request id unless the caller names one), or ``none (<why>)`` (a re-send finds
+nothing left to do and answers as the first run did). Every script that writes declares
+one; a read-only script (``no-writes``) needs none."""
 
 from __future__ import annotations
 
@@ -41,6 +49,7 @@ _FUNCTION = re.compile(r"^local function (\w+)\(")
 _NAME = re.compile(r"\b(\w+)\s*\(")
 _WHEN = re.compile(r"^-- @when (history)$")
 _FLAGS = re.compile(r"^-- FLAGS: ([\w-]+(?: [\w-]+)*)", re.MULTILINE)
+_MEMO = re.compile(r"^-- MEMO: (reply|none \(.+)", re.MULTILINE)
 FLAGS = ("allow-oom", "no-writes")
 #: A zset member no message id can be (ids hold no NUL byte).
 _PROBE_MEMBER = "'\\0belayq:probe'"
@@ -59,6 +68,7 @@ SCRIPT_NAMES = (
     "replay",
     "purge",
     "promote",
+    "discard",
     "drop",
     "stats",
     "pause",
@@ -154,6 +164,31 @@ def flags(name: str) -> tuple[str, ...]:
     return declared
 
 
+@cache
+def memoized(name: str) -> bool:
+    """Whether script ``name`` keeps a reply memo (``-- MEMO: reply`` in its contract block),
+    so that each call of it needs a request id.
+
+    Raises:
+        ValueError: A script that writes and declares no ``MEMO``, or one that declares
+            ``reply`` without the memo's keys or its include.
+    """
+    text = _text(_lua_dir() / f"{name}.lua")
+    found = _MEMO.search(text)
+    if found is None:
+        if "no-writes" in flags(name):
+            return False
+        raise ValueError(f"{name}.lua writes but declares no '-- MEMO: reply' or "
+                         "'-- MEMO: none (<why a re-send changes nothing>)'")
+    if found.group(1) != "reply":
+        return False
+    roles = key_roles(name)
+    if "memo" not in roles or "memo_exp" not in roles or "memo" not in _includes(text, []):
+        raise ValueError(f"{name}.lua keeps a reply memo: it needs the memo and memo_exp keys "
+                         "and '-- @include memo'")
+    return True
+
+
 def _probe(name: str) -> str:
     """The first command of script ``name`` run as a script (see the module's doc)."""
     declared = flags(name)
@@ -238,6 +273,7 @@ def source(name: str) -> str:
     includes = _includes(_text(_lua_dir() / f"{name}.lua"), [])
     if "context" not in includes:
         raise ValueError(f"{name}.lua must include context (directly or not)")
+    memoized(name)  # a script that writes says how a re-send of it answers
     return _compact(f"{_pasted(includes)}\n{_preamble(name)}\n{_own_text(name)}")
 
 

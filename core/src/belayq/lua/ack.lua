@@ -6,6 +6,8 @@
 -- KEYS[3] payloads  hash id -> payload
 -- KEYS[4] stats     hash of counters
 -- KEYS[5] history_done  list: the last acked messages (history on)
+-- KEYS[6] memo      hash: the reply of a call that refused a claim, for a re-sent call
+-- KEYS[7] memo_exp  zset memo field -> expiry
 -- ARGV[1..6]        see includes/context.lua
 -- ARGV[7] results   '1': triples (id, token, result) follow, the result kept in the history
 --                   (history on); '0': pairs (id, token)
@@ -13,19 +15,24 @@
 -- Returns one integer per pair: 1 acked (or already gone: a re-sent ack whose first run
 -- settled it), 0 refused: another claim holds the message, or it is waiting or dead again
 -- (counted in stats.stale_acks; nothing changes). An inline message that waits again with
--- nothing to remember (released) cannot be told from a gone one: 1.
+-- nothing to remember (released) cannot be told from a gone one: 1. A call re-sent with
+-- the same request id answers as its first run did: one that found every claim held keeps
+-- no memo (a re-send finds them gone: 1 each, nothing written), one that refused a claim
+-- keeps its reply, so a re-send counts nothing again.
 -- Acked messages go into the done history and out as completed events when those are on.
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include copies
 -- @include counters
 -- @include history
+-- @include memo
 -- @include meta
 
 local k = {leases = KEYS[1], meta = KEYS[2], payloads = KEYS[3], stats = KEYS[4],
-  history_done = KEYS[5]}
+  history_done = KEYS[5], memo = KEYS[6], memo_exp = KEYS[7]}
 local leases, meta, payloads, stats = k.leases, k.meta, k.payloads, k.stats
 local step = flag_arg(7, 'results') and 3 or 2
 arg_groups(8, step, 'claims', 1)
@@ -41,7 +48,7 @@ local ids = {}
 for i = 8, #ARGV, step do ids[#ids + 1] = ARGV[i] end
 local packed = sliced(function(...) return redis.call('HMGET', meta, ...) end, ids)
 local out, settled, done, told = {}, {}, {}, {}
-local stale = 0
+local stale, gone = 0, 0
 for j, id in ipairs(ids) do
   local i = 8 + (j - 1) * step
   local token = ARGV[i + 1]
@@ -60,7 +67,18 @@ for j, id in ipairs(ids) do
     stale = stale + 1
     out[j] = 0
   else
+    gone = gone + 1
     out[j] = 1
+  end
+end
+
+-- Only a call that finds a claim not held under its token may be a re-send.
+if stale + gone > 0 then
+  if now == 0 then now = now_ms() end
+  local earlier = earlier_reply(k.memo, k.memo_exp, now)
+  if earlier then
+    for j = 1, #earlier do earlier[j] = tonumber(earlier[j]) end
+    return earlier
   end
 end
 
@@ -85,4 +103,5 @@ if #settled > 0 then
 end
 count(stats, 'acked', #settled)
 count(stats, 'stale_acks', stale)
+if stale > 0 then remember(k.memo, k.memo_exp, out, now) end
 return out

@@ -29,6 +29,7 @@
 -- still run (expired leases go back to ready, where they wait for the resume).
 -- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain:
 -- each claim leads to an ack that frees its message)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

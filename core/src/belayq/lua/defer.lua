@@ -14,6 +14,7 @@
 -- Returns the number deferred; triples held by another claim are refused and counted in
 -- stats.stale_acks. A call re-sent with the same request id answers as its first run did.
 -- FLAGS: allow-oom (a full server still runs it: the claims go back)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
@@ -62,5 +63,5 @@ end
 local deferred = #wait
 count(stats, 'deferred', deferred)
 count(stats, 'stale_acks', stale)
-if deferred > 0 then remember(memo, memo_exp, {deferred}, now) end
+if deferred + stale > 0 then remember(memo, memo_exp, {deferred}, now) end
 return deferred

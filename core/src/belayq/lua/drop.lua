@@ -9,6 +9,8 @@
 -- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
+-- MEMO: none (a re-send finds nothing left to delete and answers 1 again; a memo would
+-- outlive the keys it deletes)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

@@ -18,6 +18,7 @@
 -- Returns {next_due_ms, lost, id1, payload1, token1, deliveries1, attempts1, ...}; lost is
 -- 1 when the BLMOVE-d entry could not be leased (swept back, or its id already in flight).
 -- FLAGS: allow-oom (a full server still runs it, so a full queue can still drain)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

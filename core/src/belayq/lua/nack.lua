@@ -24,6 +24,7 @@
 -- Returns 'ready' | 'delayed' | 'dead' | 'stale' (refused: not held by this token). A call
 -- re-sent with the same request id answers as its first run did.
 -- FLAGS: allow-oom (a full server still runs it: the claim must settle)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
@@ -54,7 +55,10 @@ local earlier = earlier_reply(k.memo, k.memo_exp, now)
 if earlier then return earlier[1] end
 local m = holds(k.meta, id, token)
 if not m then
-  if redis.call('HEXISTS', k.meta, id) == 1 then count(k.stats, 'stale_acks', 1) end
+  if redis.call('HEXISTS', k.meta, id) == 1 then
+    count(k.stats, 'stale_acks', 1)
+    remember(k.memo, k.memo_exp, {'stale'}, now)  -- a re-send counts it once
+  end
   return 'stale'
 end
 count(k.stats, 'nacked', 1)

@@ -10,21 +10,29 @@
 -- KEYS[2] stats            hash: 'paused' holds when the queue was paused (ms, server clock)
 -- KEYS[3] unpaused         list: the bell from a resume until this pause
 -- KEYS[4] history_control  list: the last pauses and resumes (history on)
+-- KEYS[5] memo             hash: this call's reply, for a re-sent call
+-- KEYS[6] memo_exp         zset memo field -> expiry
 -- ARGV[1..6]  see includes/context.lua
 -- ARGV[7] by  who pauses it, as the caller describes itself (up to 200 bytes; may be '')
 -- Returns 1 when the queue is paused now, 0 when it was already (nothing is written then).
+-- A call re-sent with the same request id answers as its first run did.
 -- FLAGS: allow-oom (a full server still runs it: pausing consumers may be what it needs)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include control
+-- @include memo
 
 local k = control_keys()
 local by = control_by()
-if redis.call('HEXISTS', k.stats, 'paused') == 1 then return 0 end
 local now = now_ms()
+local earlier = earlier_reply(k.memo, k.memo_exp, now)
+if earlier then return tonumber(earlier[1]) end
+if redis.call('HEXISTS', k.stats, 'paused') == 1 then return 0 end
 
 redis.call('HSET', k.stats, 'paused', now)
 redis.call('HSETNX', k.stats, 'schema', SCHEMA)
 redis.call('DEL', k.unpaused)
 note_action(k, 'paused', by, now)
+remember(k.memo, k.memo_exp, {1}, now)
 return 1

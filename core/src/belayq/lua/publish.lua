@@ -32,6 +32,7 @@
 -- state is '' when stored, else where the first message is now: 'ready', 'delayed',
 -- 'in_flight', 'dead', 'gone' (settled or purged), or 'unknown' (inline mode: ready or gone).
 -- FLAGS: none: a full server (maxmemory) refuses it whole, before anything is stored
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

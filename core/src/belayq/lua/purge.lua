@@ -9,29 +9,42 @@
 -- KEYS[4] meta       hash id -> state, trace contexts
 -- KEYS[5] payloads   hash id -> payload
 -- KEYS[6] stats      hash of counters
--- KEYS[7..] levels   ready lists, highest priority first
+-- KEYS[7] memo       hash: this call's reply, for a re-sent call
+-- KEYS[8] memo_exp   zset memo field -> expiry
+-- KEYS[9..] levels   ready lists, highest priority first
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages deleted by this call
 -- ARGV[8] delayed    '1': delayed messages too; '0': ready ones only
 -- ARGV[9] entries    '1': the reply also holds the purged ready list entries (a framework
 --                    that keeps a record per entry deletes those, as RQ's job hashes)
 -- Returns {ready purged, delayed purged, more, entry1, entry2, ...}: more is 1 when
--- messages of the kinds asked for are left (call again); the entries only when asked.
+-- messages of the kinds asked for are left (call again); the entries only when asked. A
+-- call re-sent with the same request id answers as its first run did (its entries too) and
+-- deletes nothing more.
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
 -- @include copies
 -- @include counters
 -- @include ids
+-- @include memo
 -- @include ready
 
-local delayed, leases, dead, meta, payloads, stats =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local delayed, leases, dead, meta, payloads, stats, memo, memo_exp =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local FIRST_LEVEL = 9
 args_exactly(9)
 local limit = int_arg(7, 'limit', 1)
 local with_delayed = flag_arg(8, 'delayed')
 local with_entries = flag_arg(9, 'entries')
+local now = now_ms()
+local earlier = earlier_reply(memo, memo_exp, now)
+if earlier then
+  for j = 1, 3 do earlier[j] = tonumber(earlier[j]) end
+  return earlier
+end
 local entries = {}
 local purged = 0
 
@@ -53,7 +66,7 @@ local function forget_entry(entry)
   end
 end
 
-for i = 7, #KEYS do
+for i = FIRST_LEVEL, #KEYS do
   local list = KEYS[i]
   while purged < limit do
     local batch = redis.call('LRANGE', list, 0, limit - purged - 1)
@@ -78,7 +91,8 @@ if with_delayed and purged < limit then
 end
 count(stats, 'purged', purged)
 local more = with_delayed and redis.call('ZCARD', delayed) or 0
-for i = 7, #KEYS do more = more + redis.call('LLEN', KEYS[i]) end
+for i = FIRST_LEVEL, #KEYS do more = more + redis.call('LLEN', KEYS[i]) end
 local out = {ready_purged, purged - ready_purged, more > 0 and 1 or 0}
 for _, entry in ipairs(entries) do out[#out + 1] = entry end
+if purged > 0 then remember(memo, memo_exp, out, now) end
 return out

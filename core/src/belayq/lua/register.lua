@@ -6,18 +6,22 @@
 --
 -- KEYS[1] leases     zset id -> lease deadline (not touched but by the first command)
 -- KEYS[2] consumers  zset '<tag> <host> <pid>' -> registered at (ms, server clock)
+-- KEYS[3] memo       hash: this call's reply, for a re-sent call
+-- KEYS[4] memo_exp   zset memo field -> expiry
 -- ARGV[1..6]  see includes/context.lua
 -- ARGV[7] tag   the consumer's tag: 1 to 32 hex digits
 -- ARGV[8] host  its host name: 1 to 255 bytes, no space or control character
 -- ARGV[9] pid   its process id (>= 1)
 -- ARGV[10] keep most records kept (>= 1)
--- Returns 1.
+-- Returns 1. A call re-sent with the same request id writes nothing more.
 -- FLAGS: none: a full server (maxmemory) refuses it whole (claims go on without it)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
+-- @include memo
 
-local consumers = KEYS[2]
+local consumers, memo, memo_exp = KEYS[2], KEYS[3], KEYS[4]
 args_exactly(10)
 local tag = any_arg(7, 'tag')
 if not string.find(tag, '^%x+$') or #tag > 32 then
@@ -31,7 +35,9 @@ end
 local pid = int_arg(9, 'pid', 1)
 local keep = int_arg(10, 'keep', 1)
 local now = now_ms()
+if earlier_reply(memo, memo_exp, now) then return 1 end
 
 redis.call('ZADD', consumers, now, tag .. ' ' .. host .. ' ' .. int(pid))
 redis.call('ZREMRANGEBYRANK', consumers, 0, -keep - 1)
+remember(memo, memo_exp, {1}, now)
 return 1

@@ -13,6 +13,7 @@
 -- Returns the number released; pairs held by another claim are refused and counted in
 -- stats.stale_acks. A call re-sent with the same request id answers as its first run did.
 -- FLAGS: allow-oom (a full server still runs it: the claims go back)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
@@ -62,5 +63,5 @@ local released = #back
 fix_door(k.levels)
 count(k.stats, 'released', released)
 count(k.stats, 'stale_acks', stale)
-if released > 0 then remember(k.memo, k.memo_exp, {released}, now) end
+if released + stale > 0 then remember(k.memo, k.memo_exp, {released}, now) end
 return released

@@ -9,7 +9,8 @@
 -- 3. due delayed messages are promoted;
 -- 4. expired memo records (replies, dedup ids) are dropped;
 -- 5. the bell is rung if only lower levels hold work.
--- A sweep that finds nothing to do writes nothing.
+-- A sweep that finds nothing to do writes nothing. One re-sent with the same request id
+-- answers as its first run did (what it did), and does nothing more.
 --
 -- KEYS: as claim.lua.
 -- ARGV[1..6]       see includes/context.lua
@@ -17,6 +18,7 @@
 -- ARGV[8] grace_ms length of a provisional lease (ms)
 -- Returns {1, reclaimed, dead_lettered, adopted, promoted, orphans_found}.
 -- FLAGS: allow-oom (a full server still runs it: recovery never stops)
+-- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
@@ -30,10 +32,19 @@ args_exactly(8)
 local limit = int_arg(7, 'limit', 1)
 local grace_ms = int_arg(8, 'grace_ms', 1)
 local now = now_ms()
+local earlier = earlier_reply(k.memo, k.memo_exp, now)
+if earlier then
+  for j = 1, #earlier do earlier[j] = tonumber(earlier[j]) end
+  return earlier
+end
 
 local reclaimed, died, adopted = sweep_expired(k, now, limit)
 local orphans = adopt_landing(k, now, limit, grace_ms)
 local promoted = promote_due(k, now, limit)
 memo_trim(k.memo, k.memo_exp, now, limit)
 fix_door(k.levels)
-return {1, reclaimed, died, adopted, promoted, orphans}
+local out = {1, reclaimed, died, adopted, promoted, orphans}
+if reclaimed + died + adopted + promoted + orphans > 0 then
+  remember(k.memo, k.memo_exp, out, now)
+end
+return out

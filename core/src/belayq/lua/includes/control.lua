@@ -4,12 +4,14 @@
 -- @include context
 -- @include counters
 -- @include history
+-- @include memo
 
 -- The longest `by` a pause or resume records (bytes).
 local BY_MAX = 200
 
 local function control_keys()
-  return {leases = KEYS[1], stats = KEYS[2], unpaused = KEYS[3], history_control = KEYS[4]}
+  return {leases = KEYS[1], stats = KEYS[2], unpaused = KEYS[3], history_control = KEYS[4],
+    memo = KEYS[5], memo_exp = KEYS[6]}
 end
 
 -- ARGV[7] by: who acts, as the caller describes itself; checked.
