@@ -1057,7 +1057,7 @@ class TestReplay:
             advance(q, 10)
         assert q.replay_dead(limit=1) == 1
         assert ready_ids(q) == [ids[0].encode()]
-        assert int(q._scripts.run("replay", 5, "0")) == 2
+        assert int(q._scripts.run("replay", 5)) == 2
         assert ready_ids(q) == [i.encode() for i in ids]
         assert q.stats()["dead"] == 0
 

@@ -60,4 +60,4 @@ if paused then
   out[1] = PAUSED
 elseif want > 0 then claim_ready(k, want, now, a.lease_ms, a.floor_every, a.nonce, a.starts, out) end
 fix_door(k.levels)
-return remember_claim(k, out, 2, a.nonce, now)
+return remember_claim(k, out, 2, a.nonce, now, entry ~= BELL)

@@ -68,7 +68,10 @@ end
 local now = now_ms()
 
 local earlier = earlier_reply(k.memo, k.memo_exp, now)
-if earlier then return earlier end
+if earlier then
+  for i = 2, #earlier, 3 do earlier[i] = tonumber(earlier[i]) end  -- stored: an integer
+  return earlier
+end
 
 local function state_of(id)
   if redis.call('ZSCORE', k.leases, id) then return 'in_flight' end

@@ -94,9 +94,10 @@ end
 -- Claim replies are {header..., id, payload, token, deliveries, attempts, ...}; the memo
 -- keeps the header, the call's nonce and the ids only: the i-th delivery's token is the
 -- nonce and its position in the reply (header + 5 (i - 1)), and its counts are in its
--- record. Nothing is kept when nothing was claimed.
-local function remember_claim(k, out, header, nonce, now)
-  if REQUEST_ID == '' or #out <= header then return out end
+-- record. Nothing is kept when nothing was claimed, unless `wrote` (lease.lua: the entry it
+-- was given was handled, so a re-send would find it gone and count a lost claim).
+local function remember_claim(k, out, header, nonce, now, wrote)
+  if REQUEST_ID == '' or (#out <= header and not wrote) then return out end
   local kept = {}
   for i = 1, header do kept[i] = out[i] end
   kept[header + 1] = nonce
