@@ -31,10 +31,10 @@ def wait_for(
 
 @contextlib.contextmanager
 def reply_lost_once(script: str | None = None) -> Iterator[list[Any]]:
-    """The first reply to a call of belayq's script ``script`` (any of them: None) is lost after the server ran
-    the call (read, then the connection drops), so redis-py's retry sends the very same
-    command again, as it does after a dropped connection. Yields a list that holds the lost
-    reply once it was lost."""
+    """The first reply to a call of belayq's script ``script`` (of any of them: None) is
+    lost after the server ran the call (read, then the connection drops), so redis-py's
+    retry sends the very same command again, as it does after a dropped connection. Yields
+    a list that holds the lost reply once it was lost."""
     from belayq.sources import script_of
 
     lost: list[Any] = []

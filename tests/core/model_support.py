@@ -349,16 +349,21 @@ class Model:
                     got += 1
 
     def remember_claim(
-        self, rid: str, header: list[str | None], out: list[Delivered], nonce: str
+        self, rid: str, header: list[str | None], out: list[Delivered], nonce: str,
+        wrote: bool = False,
     ) -> None:
         """The memo keeps the header, the nonce and the ids: a delivery's token is the
         nonce stamped with the claim's time (``<nonce>@<ms>.``, which the model does not
-        predict: it is read off the first token) and its position in the reply, its counts
-        are in its record."""
+        predict: it is read off the first token, or read back when nothing was claimed)
+        and its position in the reply, its counts are in its record. A call that claimed
+        nothing keeps nothing, unless it handled the entry it was given (``wrote``:
+        lease.lua)."""
         if out:
             stamped = out[0][2].rstrip("0123456789")
             assert stamped.startswith(nonce + "@"), (nonce, out[0][2])
             self.memo_put("r:" + rid, [*header, stamped] + [d[0] for d in out], 0)
+        elif wrote:
+            self.memo_put("r:" + rid, [*header, None], 0)
 
     def replay_claim(
         self, kept: list[str], header: int, starts: bool
@@ -545,32 +550,56 @@ class Model:
         if want > 0 and not self.paused:
             self.claim_ready(want, out, tokens)
         self.fix_door()
-        self.remember_claim(rid, [str(due_ms), "1" if lost else "0"], out, rid)
+        self.remember_claim(rid, [str(due_ms), "1" if lost else "0"], out, rid,
+                            wrote=entry != BELL)
         return lost, out
 
-    def ack(self, pairs: list[tuple[str, str]]) -> list[bool]:
+    def earlier(self, rid: str) -> list[str] | None:
+        """The reply an earlier run of request ``rid`` kept (memo.lua's earlier_reply)."""
+        kept: list[str] | None = self.memo_get("r:" + rid) if rid else None
+        return kept
+
+    def ack(self, pairs: list[tuple[str, str]], rid: str = "") -> list[bool]:
+        kinds, settling = [], set()
+        for mid, token in pairs:  # every claim's state read before anything is written
+            if mid in settling:
+                kinds.append("again")
+            elif self.holds(mid, token):
+                settling.add(mid)
+                kinds.append("held")
+            elif mid in self.meta or mid in self.payloads:
+                kinds.append("stale")
+            else:
+                kinds.append("gone")  # gone (a re-sent ack), or inline and waiting blank
+        if "stale" in kinds or "gone" in kinds:
+            kept = self.earlier(rid)
+            if kept is not None:
+                return [x == "1" for x in kept]
         out = []
-        for mid, token in pairs:
-            if self.holds(mid, token):
+        for (mid, _), kind in zip(pairs, kinds, strict=True):
+            if kind == "held":
                 self.leases.pop(mid, None)
                 del self.meta[mid]
                 self.payloads.pop(mid, None)
                 self.count("acked")
-                out.append(True)
-            elif mid in self.meta or mid in self.payloads:
+            elif kind == "stale":
                 self.count("stale_acks")
-                out.append(False)
-            else:
-                out.append(True)  # gone (a re-sent ack), or inline and waiting blank
+            out.append(kind != "stale")
+        if "stale" in kinds:
+            self.remember(rid, ["1" if ok else "0" for ok in out])
         return out
 
     def nack(
         self, mid: str, token: str, delay: int, reason: str, bury: bool, rid: str = ""
     ) -> str:
+        kept = self.earlier(rid)
+        if kept is not None:
+            return kept[0]
         m = self.holds(mid, token)
         if m is None:
             if mid in self.meta:
                 self.count("stale_acks")
+                self.remember(rid, ["stale"])
             return "stale"
         self.count("nacked")
         if bury:
@@ -590,7 +619,12 @@ class Model:
         if rid:
             self.memo_put("r:" + rid, reply, 0)
 
-    def extend(self, triples: list[tuple[str, str, bool]], count_stale: bool) -> list[bool]:
+    def extend(
+        self, triples: list[tuple[str, str, bool]], count_stale: bool, rid: str = ""
+    ) -> list[bool]:
+        kept = self.earlier(rid)
+        if kept is not None:
+            return [x == "1" for x in kept]
         out, stale = [], 0
         for mid, token, start in triples:
             m = self.holds(mid, token)
@@ -605,6 +639,8 @@ class Model:
                 out.append(False)
         if count_stale:
             self.count("stale_acks", stale)
+        if stale < len(out) or (count_stale and stale):
+            self.remember(rid, ["1" if ok else "0" for ok in out])
         return out
 
     def release(self, pairs: list[tuple[str, str]], rid: str = "") -> int:
@@ -623,7 +659,7 @@ class Model:
         self.fix_door()
         self.count("released", released)
         self.count("stale_acks", stale)
-        if released:
+        if released or stale:
             self.remember(rid, [str(released)])
         return released
 
@@ -644,20 +680,50 @@ class Model:
                 stale += 1
         self.count("deferred", deferred)
         self.count("stale_acks", stale)
-        if deferred:
+        if deferred or stale:
             self.remember(rid, [str(deferred)])
         return deferred
 
-    def sweep(self) -> tuple[bool, int, int, int, int, int]:
+    def sweep(self, rid: str = "") -> tuple[bool, int, int, int, int, int]:
+        kept = self.earlier(rid)
+        if kept is not None:
+            ran, *counts = (int(x) for x in kept)
+            return (bool(ran), *counts)  # type: ignore[return-value]
         reclaimed, died, adopted = self.sweep_expired(SWEEP_LIMIT)
         orphans = self.adopt_landing(SWEEP_LIMIT)
         promoted = self.promote_due(SWEEP_LIMIT)
         self.memo_trim(SWEEP_LIMIT)
         self.fix_door()
-        return (True, reclaimed, died, adopted, promoted, orphans)
+        out = (True, reclaimed, died, adopted, promoted, orphans)
+        if reclaimed + died + adopted + promoted + orphans:
+            self.remember(rid, [str(int(x)) for x in out])
+        return out
 
-    def delete_dead(self, ids: list[str] | None, limit: int) -> int:
-        """QueueAdmin.delete_dead: replay.lua with discard."""
+    def pause(self, rid: str = "") -> bool:
+        kept = self.earlier(rid)
+        if kept is not None:
+            return kept[0] == "1"
+        if self.paused:
+            return False
+        self.paused = True
+        self.remember(rid, ["1"])
+        return True
+
+    def resume(self, rid: str = "") -> bool:
+        kept = self.earlier(rid)
+        if kept is not None:
+            return kept[0] == "1"
+        if not self.paused:
+            return False
+        self.paused = False
+        self.remember(rid, ["1"])
+        return True
+
+    def delete_dead(self, ids: list[str] | None, limit: int, rid: str = "") -> int:
+        """QueueAdmin.delete_dead: discard.lua."""
+        kept = self.earlier(rid)
+        if kept is not None:
+            return int(kept[0])
         if ids:
             chosen = list(dict.fromkeys(mid for mid in ids if mid in self.dead))
         else:
@@ -667,9 +733,14 @@ class Model:
             self.meta.pop(mid, None)
             self.payloads.pop(mid, None)
         self.count("discarded", len(chosen))
+        if chosen:
+            self.remember(rid, [str(len(chosen))])
         return len(chosen)
 
-    def replay(self, ids: list[str] | None, limit: int) -> int:
+    def replay(self, ids: list[str] | None, limit: int, rid: str = "") -> int:
+        kept = self.earlier(rid)
+        if kept is not None:
+            return int(kept[0])
         if ids:
             chosen = [mid for mid in ids if self.dead.pop(mid, None) is not None]
         else:
@@ -687,18 +758,24 @@ class Model:
                 self.meta.pop(mid, None)
         self.fix_door()
         self.count("replayed", replayed)
+        if chosen:
+            self.remember(rid, [str(replayed)])
         return replayed
 
-    def purge(self) -> int:
-        """QueueAdmin.purge: purge.lua until nothing waits (or a call purged nothing)."""
+    def purge(self, rids: Callable[[], str] = str) -> int:
+        """QueueAdmin.purge: purge.lua until nothing waits (or a call purged nothing); each
+        call's request id from ``rids``."""
         total = 0
         while True:
-            purged, more = self._purge_once(PURGE_LIMIT)
+            purged, more = self._purge_once(PURGE_LIMIT, rids())
             total += purged
             if not more or not purged:
                 return total
 
-    def _purge_once(self, limit: int) -> tuple[int, bool]:
+    def _purge_once(self, limit: int, rid: str = "") -> tuple[int, bool]:
+        kept = self.earlier(rid)
+        if kept is not None:
+            return int(kept[0]) + int(kept[1]), kept[2] == "1"
         purged = 0
 
         def forget(mid: str) -> None:
@@ -717,13 +794,17 @@ class Model:
                         purged += 1
                         forget(entry)
             self.levels[i] = rest if self.cfg.head_left else rest[::-1]
+        ready = purged
         if purged < limit:
             for *_, mid in sorted(s.order(k) for k, s in self.delayed.items())[: limit - purged]:
                 del self.delayed[mid]
                 forget(mid)
                 purged += 1
         self.count("purged", purged)
-        return purged, bool(self.delayed) or any(self.levels)
+        more = bool(self.delayed) or any(self.levels)
+        if purged:
+            self.remember(rid, [str(ready), str(purged - ready), "1" if more else "0"])
+        return purged, more
 
     def drop(self) -> bool:
         if self.processing or self.leases:

@@ -189,6 +189,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.nonces = random.Random(0)  # reseeded by setup (from hypothesis' data)
         self.nonce = ""
         self.settle_rid = ""  # the request id of the last nack, release or defer
+        self.auto_rids: list[str] = []  # those the runner gave this step's calls, in order
         self.options: dict[str, Any] = {}
         self.ctor: dict[str, Any] = {}
         self.door_ok, self.last_plain, self.blmoved = True, None, False
@@ -199,6 +200,17 @@ class QueueMachine(RuleBasedStateMachine):
     def m(self) -> Model:
         assert self.model is not None
         return self.model
+
+    def new_rid(self) -> str:
+        """A request id the runner gives a call whose caller names none, drawn as the
+        nonces are (so that an example replays exactly)."""
+        rid = f"{self.nonces.getrandbits(64):016x}"
+        self.auto_rids.append(rid)
+        return rid
+
+    def rid(self) -> str:
+        """The request id the runner gave the next call of this step ('' when none)."""
+        return self.auto_rids.pop(0) if self.auto_rids else ""
 
     def last_rid(self) -> str:
         """The request id of the last claim call: its nonce."""
@@ -230,6 +242,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.step += 1
         self.set_skew()
         self.t0 = self.server_ms()
+        self.auto_rids.clear()
 
     def consumer(self, c: int) -> ReliableQueue:
         """A queue object with ids m000001, ..., claim nonces drawn by hypothesis (so that
@@ -264,6 +277,7 @@ class QueueMachine(RuleBasedStateMachine):
         q._publish_args = publish_args  # type: ignore[method-assign]
         q._claim_args = nonced  # type: ignore[method-assign]
         q._scripts.run = recorded  # type: ignore[method-assign]
+        q._scripts.new_request_id = self.new_rid
         q._scripts.skew_ms = self.skew()
         return q
 
@@ -498,14 +512,12 @@ class QueueMachine(RuleBasedStateMachine):
     def pause(self, consumer: int) -> None:
         """Claims stop (every later claim hands out nothing) until a resume."""
         self.begin()
-        assert self.qs[consumer].pause() is (not self.m.paused)
-        self.m.paused = True
+        assert self.qs[consumer].pause() is self.m.pause(self.rid())
 
     @rule(consumer=st.integers(0, 1))
     def resume(self, consumer: int) -> None:
         self.begin()
-        assert self.qs[consumer].resume() is self.m.paused
-        self.m.paused = False
+        assert self.qs[consumer].resume() is self.m.resume(self.rid())
 
     # -- settling ------------------------------------------------------------------------
 
@@ -532,7 +544,7 @@ class QueueMachine(RuleBasedStateMachine):
                 raise
             if s.op == "ack_claim":
                 acked, claimed = got
-                assert acked == m.ack(pairs)
+                assert acked == m.ack(pairs, self.rid())
                 self.took(
                     s.consumer,
                     claimed,
@@ -540,8 +552,8 @@ class QueueMachine(RuleBasedStateMachine):
                 )
                 return got
             expected = {
-                "ack": lambda: m.ack(pairs)[0],
-                "ack_many": lambda: m.ack(pairs),
+                "ack": lambda: m.ack(pairs, self.rid())[0],
+                "ack_many": lambda: m.ack(pairs, self.rid()),
                 "nack": lambda: m.nack(*pairs[0], s.delay, s.reason, False, self.settle_rid),
                 "bury": lambda: m.nack(*pairs[0], 0, s.reason, True, self.settle_rid) == "dead",
                 "release": lambda: m.release(pairs, self.settle_rid),
@@ -559,7 +571,7 @@ class QueueMachine(RuleBasedStateMachine):
             triples = [(d.id, d.token, d.id in cl.starting) for d in ds]
             got = q.extend(ds) if s.op == "extend" else q.start(ds, now=True)
             cl.starting -= {d.id for d in ds}
-            reply = m.extend(triples, count_stale=s.op == "extend")
+            reply = m.extend(triples, count_stale=s.op == "extend", rid=self.rid())
             expected = reply if s.op == "extend" else None
             if s.op == "start_now":  # its reply is read at the next report or beat
                 cl.reports.append([(d.id, d.token, bool(ok))
@@ -679,9 +691,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.settle(Settle(op, consumer, (d,), reason="late"))
 
     def unchanging(self) -> dict[str, Any]:
-        """What a refused settle leaves alone: all but the counters (and the bell, which a
-        release or nack may ring to mend a door a bare BLMOVE left open)."""
-        out = {k: v for k, v in self.m.expected().items() if k != "stats"}
+        """What a refused settle leaves alone: all but the counters and the reply it keeps
+        so that a re-send counts the refusal once (and the bell, which a release or nack
+        may ring to mend a door a bare BLMOVE left open)."""
+        out = {k: v for k, v in self.m.expected().items()
+               if k not in ("stats", "memo", "memo_exp")}
         out["levels"] = [[e for e in lst if e != BELL.encode()] for lst in out["levels"]]
         return out
 
@@ -782,18 +796,19 @@ class QueueMachine(RuleBasedStateMachine):
         q.heartbeat()
         if held:
             cl.starting -= {mid for mid, _ in held}
-            for (mid, token), ok in zip(held, self.m.extend(triples, False), strict=True):
+            for (mid, token), ok in zip(held, self.m.extend(triples, False, self.rid()),
+                                        strict=True):
                 if not ok and cl.held.get(mid) == token:
                     del cl.held[mid]
                     cl.starting.discard(mid)
-        self.m.sweep()
+        self.m.sweep(self.rid())
 
     @rule()
     def sweep(self) -> None:
         self.begin()
         r = self.qs[0].sweep()
         got = (r.ran, r.reclaimed, r.dead_lettered, r.adopted, r.promoted, r.orphans_found)
-        assert got == self.m.sweep()
+        assert got == self.m.sweep(self.rid())
 
     @rule(ticks=st.integers(1, 3), then_sweep=st.booleans())
     def advance(self, ticks: int, then_sweep: bool) -> None:
@@ -815,15 +830,16 @@ class QueueMachine(RuleBasedStateMachine):
             known = sorted(self.m.dead) + sorted(self.m.live())[:3] + ["no-such-id"]
             ids = data.draw(st.lists(st.sampled_from(known), min_size=1, max_size=3))
         if discard:
-            assert self.qs[0].delete_dead(ids, limit=limit) == self.m.delete_dead(ids, limit)
+            got = self.qs[0].delete_dead(ids, limit=limit)
+            assert got == self.m.delete_dead(ids, limit, self.rid())
         else:
-            assert self.qs[0].replay_dead(ids, limit=limit) == self.m.replay(ids, limit)
+            assert self.qs[0].replay_dead(ids, limit=limit) == self.m.replay(ids, limit, self.rid())
 
     @precondition(lambda self: self.model is not None and len(self.m.known) >= 12)
     @rule()
     def purge(self) -> None:
         self.begin()
-        assert self.qs[0].purge() == self.m.purge()
+        assert self.qs[0].purge() == self.m.purge(self.rid)
 
     @precondition(lambda self: self.model is not None and len(self.m.known) >= 16)
     @rule()
@@ -893,12 +909,12 @@ class QueueMachine(RuleBasedStateMachine):
         return ops
 
     def replay_oldest(self) -> None:
-        assert self.qs[0].replay_dead(None, limit=1) == self.m.replay(None, 1)
+        assert self.qs[0].replay_dead(None, limit=1) == self.m.replay(None, 1, self.rid())
 
     def sweep_now(self) -> None:
         r = self.qs[0].sweep()
         assert (r.ran, r.reclaimed, r.dead_lettered, r.adopted, r.promoted, r.orphans_found) == (
-            self.m.sweep()
+            self.m.sweep(self.rid())
         )
 
     def settle_one(self, data: st.DataObject, op: str) -> None:

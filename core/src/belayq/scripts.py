@@ -53,12 +53,6 @@ def request_id() -> str:
     return os.urandom(8).hex()
 
 
-def _request_id(name: str, given: str) -> str:
-    """The request id a call of script ``name`` goes with: the caller's, else a fresh one
-    when the script keeps a reply memo (``-- MEMO: reply``), so no caller can forget it."""
-    return given or (request_id() if memoized(name) else "")
-
-
 def _lost_scripts(reply: Any) -> bool:
     """Whether a reply says the server has lost belayq's scripts or library (restart,
     failover, SCRIPT FLUSH, FUNCTION FLUSH): the call ran nothing."""
@@ -113,6 +107,8 @@ class ScriptRunner(DurableWrites):
         # on the first call (see _pick_functions).
         self._functions: bool | None = None if config.lua_functions is not False else False
         self.server_versions: list[str] = []  # set by the queue ([]: fakeredis, unknown)
+        #: Makes the request id of a call whose caller names none (tests make them known).
+        self.new_request_id: Callable[[], str] = request_id
         self._layout = _layout_of(config)
 
     def reconfigure(self, config: QueueConfig) -> None:
@@ -132,6 +128,12 @@ class ScriptRunner(DurableWrites):
         if not self.config.events:
             return self._layout
         return self._layout + ("ES" if self.sharded_events else "E")
+
+    def _request_id(self, name: str, given: str) -> str:
+        """The request id a call of script ``name`` goes with: the caller's, else a fresh
+        one when the script keeps a reply memo (``-- MEMO: reply``), so no caller can
+        forget it."""
+        return given or (self.new_request_id() if memoized(name) else "")
 
     def _vector(self, name: str) -> list[str]:
         return [k for role in key_roles(name) for k in self.keys.role(role)]
@@ -224,7 +226,7 @@ class ScriptRunner(DurableWrites):
             ConnectionLost: A slot migration or failover outlasted ``cluster_retry_ms``.
         """
         durable = durable and self.wait_command is not None
-        rid = _request_id(name, request_id)  # one id for every try: a re-send is the same call
+        rid = self._request_id(name, request_id)  # one id for every try: the same call
         return self._retrying(lambda: self._run_once(name, args, rid, durable))
 
     def _run_once(self, name: str, args: Sequence[Arg], request_id: str, durable: bool) -> Any:
@@ -314,7 +316,7 @@ class ScriptRunner(DurableWrites):
         """Run several scripts in one round trip (a pipeline, not a transaction): each call
         is ``(name, args, request_id)``; the replies in order. A call that found its script
         or function missing ran nothing: they are reloaded and that call alone runs again."""
-        calls = tuple((name, args, _request_id(name, rid)) for name, args, rid in calls)
+        calls = tuple((name, args, self._request_id(name, rid)) for name, args, rid in calls)
 
         def once() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
@@ -335,7 +337,7 @@ class ScriptRunner(DurableWrites):
         """Queue script ``name`` on the caller's pipeline or transaction as EVAL with the
         script's text: it cannot fail with NOSCRIPT inside a MULTI the caller executes."""
         keys = self.vectors[name]
-        rid = _request_id(name, request_id)
+        rid = self._request_id(name, request_id)
         pipeline.execute_command(
             "EVAL", source(name), len(keys), *keys, *self.common_args(rid), *args
         )
@@ -345,5 +347,5 @@ class ScriptRunner(DurableWrites):
         library or scripts if the server lost them). A redirection or an unreachable node
         raises redis-py's error at once, for a caller that has other queues to serve
         meanwhile (:func:`belayq.claim_any`)."""
-        return self._run_once(name, args, _request_id(name, request_id), False)
+        return self._run_once(name, args, self._request_id(name, request_id), False)
 

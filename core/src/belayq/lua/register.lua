@@ -6,22 +6,21 @@
 --
 -- KEYS[1] leases     zset id -> lease deadline (not touched but by the first command)
 -- KEYS[2] consumers  zset '<tag> <host> <pid>' -> registered at (ms, server clock)
--- KEYS[3] memo       hash: this call's reply, for a re-sent call
--- KEYS[4] memo_exp   zset memo field -> expiry
 -- ARGV[1..6]  see includes/context.lua
 -- ARGV[7] tag   the consumer's tag: 1 to 32 hex digits
 -- ARGV[8] host  its host name: 1 to 255 bytes, no space or control character
 -- ARGV[9] pid   its process id (>= 1)
 -- ARGV[10] keep most records kept (>= 1)
--- Returns 1. A call re-sent with the same request id writes nothing more.
+-- Returns 1. A record registered within the reply window (reply_window_ms) is left as it
+-- is: a call re-sent after its reply was lost writes nothing.
 -- FLAGS: none: a full server (maxmemory) refuses it whole (claims go on without it)
--- MEMO: reply
+-- MEMO: none (a re-send finds its record registered within the reply window: it writes
+-- nothing)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context
--- @include memo
 
-local consumers, memo, memo_exp = KEYS[2], KEYS[3], KEYS[4]
+local consumers = KEYS[2]
 args_exactly(10)
 local tag = any_arg(7, 'tag')
 if not string.find(tag, '^%x+$') or #tag > 32 then
@@ -35,9 +34,10 @@ end
 local pid = int_arg(9, 'pid', 1)
 local keep = int_arg(10, 'keep', 1)
 local now = now_ms()
-if earlier_reply(memo, memo_exp, now) then return 1 end
+local member = tag .. ' ' .. host .. ' ' .. int(pid)
+local at = redis.call('ZSCORE', consumers, member)
+if at and now - tonumber(at) < REPLY_WINDOW_MS then return 1 end
 
-redis.call('ZADD', consumers, now, tag .. ' ' .. host .. ' ' .. int(pid))
+redis.call('ZADD', consumers, now, member)
 redis.call('ZREMRANGEBYRANK', consumers, 0, -keep - 1)
-remember(memo, memo_exp, {1}, now)
 return 1
