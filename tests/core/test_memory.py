@@ -1,9 +1,9 @@
 """A full server (``maxmemory`` reached, ``noeviction``): the calls that free memory or keep
 a claim alive run (ack, nack, extend, release, defer, sweep, purge, drop, deleting dead
 letters, also from the dashboard, claims), stats runs, and publish (with an adapter's write
-sent along, ``before``) and replay are refused whole with OutOfMemory, storing nothing. On Redis 7.0 (functions and scripts), 6.2
-(scripts) and Valkey 9.1 (functions and scripts), each a server of this module's own (it
-changes ``maxmemory``)."""
+sent along, ``before``) and replay are refused whole with OutOfMemory, storing nothing.
+On Redis 7.0 (functions and scripts), 6.2 (scripts) and Valkey 9.1 (functions and
+scripts), each a server of this module's own (it changes ``maxmemory``)."""
 
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 did and changes nothing more. For each one (enumerated from the lua directory: a script
 added there without a call below fails the test), hypothesis builds a queue with messages
 in every state (ready, delayed and due, delayed and not due, held, held with an expired
-lease, in the landing zone, dead; paused or not; id mode, inline mode, history and
-events), runs a call once, and keeps its reply and a ``DUMP`` of every key of the server
-with whether each key has a TTL; then sends the very same command again (same arguments,
-same request id, as redis-py does after a dropped connection). The reply and every key
-must be as the single run left them.
+lease, in the landing zone, dead; paused or not, led or not; id mode, inline mode,
+history and events), runs a call once, and keeps its reply and a ``DUMP`` of every key
+of the server (a hash's or a set's fields) with whether each key has a TTL; then sends
+the very same command again (same arguments, same request id, as redis-py does after a
+dropped connection). The reply and every key must be as the single run left them.
 
 The re-send is compared with the single run on the same dataset, not on a copy built
 beside it: the scripts read the server's clock, so two single runs a millisecond apart
@@ -104,6 +104,8 @@ def datasets(draw: st.DrawFn, client: redis.Redis, functions: bool) -> Dataset:
     q.publish_many(some(4))
     if draw(st.booleans()):
         q.pause()
+    if draw(st.booleans()):  # a process leads the queue
+        client.set(q.keys.lead, "2c3d h 2", px=60_000)
     q._scripts.load_all()  # the raw calls below find every script or function loaded
     return s
 
@@ -175,6 +177,8 @@ CALLS: dict[str, Call] = {
     "pause": lambda draw, s, rid: (["ops@host:1"], rid),
     "resume": lambda draw, s, rid: (["ops@host:1"], rid),
     "register": lambda draw, s, rid: (["0a1b", "host-1", 4321, draw(st.integers(1, 2))], rid),
+    "lead": lambda draw, s, rid: ([draw(st.sampled_from(["0a1b h 1", "2c3d h 2"])), 60_000],
+                                   rid),
 }
 WRITING = [n for n in SCRIPT_NAMES if "no-writes" not in flags(n)]
 
@@ -187,10 +191,10 @@ def test_every_script_of_the_lua_directory_is_sent_again_here() -> None:
 
 
 def test_every_script_that_deletes_or_moves_keeps_a_reply_memo() -> None:
-    # drop deletes the memo's own keys, and register only records who a consumer is: a
-    # re-send of either finds nothing left to do (declared, and proven below like every
-    # other script)
-    assert [n for n in WRITING if not memoized(n)] == ["drop", "register"]
+    # drop deletes the memo's own keys; register records who a consumer is, lead which
+    # process leads: a re-send of any of them finds nothing left to do (declared, and
+    # proven below like every other script)
+    assert [n for n in WRITING if not memoized(n)] == ["drop", "register", "lead"]
 
 
 def state(client: redis.Redis, key: bytes) -> tuple[Any, ...]:

@@ -15,6 +15,8 @@
 -- Returns 1 when the caller leads the queue now, 0 when another process does (nothing is
 -- written then).
 -- FLAGS: none: a full server (maxmemory) refuses it whole (the lead then lapses)
+-- MEMO: none (a re-send by the process that took the lead renews it: the same holder, its
+-- expiry counted from then; one that found another's lead wrote nothing)
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
 -- 'BELAYQ not permitted: <command, rule>' when the caller's ACL refuses a command it may run.
 -- @include context

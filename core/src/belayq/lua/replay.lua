@@ -66,6 +66,7 @@ for j, id in ipairs(ids) do
     replayed = replayed + 1
   else
     forget_record(k, id)
+    redis.call('HDEL', k.meta, context_field(id))
   end
 end
 fix_door(k.levels)
