@@ -105,7 +105,8 @@ def datasets(draw: st.DrawFn, client: redis.Redis, functions: bool) -> Dataset:
     if draw(st.booleans()):
         q.pause()
     if draw(st.booleans()):  # a process leads the queue
-        client.set(q.keys.lead, "2c3d h 2", px=60_000)
+        client.hset(q.keys.lead, "member", "2c3d h 2")
+        client.pexpire(q.keys.lead, 60_000)
     q._scripts.load_all()  # the raw calls below find every script or function loaded
     return s
 
@@ -179,6 +180,7 @@ CALLS: dict[str, Call] = {
     "register": lambda draw, s, rid: (["0a1b", "host-1", 4321, draw(st.integers(1, 2))], rid),
     "lead": lambda draw, s, rid: ([draw(st.sampled_from(["0a1b h 1", "2c3d h 2"])), 60_000],
                                    rid),
+    "resign": lambda draw, s, rid: ([draw(st.sampled_from(["0a1b h 1", "2c3d h 2"]))], rid),
 }
 WRITING = [n for n in SCRIPT_NAMES if "no-writes" not in flags(n)]
 
