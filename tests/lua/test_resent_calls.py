@@ -6,7 +6,9 @@ lease, in the landing zone, dead; paused or not, led or not; id mode, inline mod
 history and events), runs a call once, and keeps its reply and a ``DUMP`` of every key
 of the server (a hash's or a set's fields) with whether each key has a TTL; then sends
 the very same command again (same arguments, same request id, as redis-py does after a
-dropped connection). The reply and every key must be as the single run left them.
+dropped connection). The reply and every key must be as the single run left them. A
+call that removed message entries frees memory: its script must declare ``allow-oom``,
+so that a full server runs it.
 
 The re-send is compared with the single run on the same dataset, not on a copy built
 beside it: the scripts read the server's clock, so two single runs a millisecond apart
@@ -33,6 +35,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from belayq import Delivery, ReliableQueue
+from belayq.admin import BELL
 from belayq.embedded import RedisServer
 from belayq.sources import SCRIPT_NAMES, flags, memoized
 from tests.conftest import _binary, unavailable
@@ -219,6 +222,15 @@ def snapshot(client: redis.Redis) -> dict[bytes, tuple[Any, ...]]:
     return {k: state(client, k) for k in sorted(client.scan_iter(count=1000))}
 
 
+def messages(client: redis.Redis, q: ReliableQueue) -> int:
+    """How many message entries the queue holds: in its ready lists (the bell left out),
+    its landing zone, its leases, its delayed and dead sets."""
+    k = q.keys
+    lists = sum(client.llen(lst) - len(client.lpos(lst, BELL, count=0) or [])
+                for lst in (*k.levels, k.processing))
+    return int(lists + sum(client.zcard(z) for z in (k.leases, k.delayed, k.dead)))
+
+
 def same_reply(name: str, first: Any, again: Any, elapsed_ms: int) -> bool:
     if first == again:
         return True
@@ -251,9 +263,12 @@ def test_a_call_sent_again_after_a_lost_reply_answers_and_leaves_all_as_one_run(
         s = data.draw(datasets(client, functions))
         args, rid = data.draw(st.composite(lambda draw: CALLS[name](draw, s, uuid.uuid4().hex))())
         command = s.q._scripts._command(name, args, rid)
+        held = messages(client, s.q)
         start = time.monotonic()
         first = client.execute_command(*command)
         once = snapshot(client)
+        if messages(client, s.q) < held:  # it freed memory: a full server must run it
+            assert "allow-oom" in flags(name), (name, args, "deletes but is not allow-oom")
         again = client.execute_command(*command)
         elapsed_ms = int((time.monotonic() - start) * 1000) + 1
         assert same_reply(name, first, again, elapsed_ms), (name, args, first, again)
