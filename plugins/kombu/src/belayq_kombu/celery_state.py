@@ -34,6 +34,25 @@ def _worker_state() -> Any:
     return sys.modules.get("celery.worker.state")
 
 
+def control_panel() -> Any:
+    """Celery's worker remote-control module (``celery.worker.control``: its ``Panel`` and
+    ``inspect_command``), for the ``scheduled`` reply belayq:// extends; None when Celery's
+    worker is not installed."""
+    try:
+        from celery.worker import control  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    return control
+
+
+def request_class() -> Any:
+    """Celery's worker ``Request``, which builds a ``scheduled`` entry as the worker does for
+    a task it holds."""
+    from celery.worker.request import Request  # type: ignore[import-untyped]
+
+    return Request
+
+
 def in_worker() -> bool:
     """Whether a Celery worker runs in this process."""
     return _worker_state() is not None

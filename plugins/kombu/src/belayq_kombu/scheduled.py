@@ -29,13 +29,15 @@ from typing import TYPE_CHECKING, Any
 
 from belayq.discovery import hidden
 
+from . import celery_state
+
 if TYPE_CHECKING:
     from .channel import Channel
 
 log = logging.getLogger("belayq.kombu")
 
-#: The priority Celery gives an ETA task's timer entry (``celery.worker.strategy``), which
-#: its ``scheduled`` reply shows.
+#: The priority Celery gives an ETA task's timer entry (its task strategy's), which its
+#: ``scheduled`` reply shows.
 ETA_TIMER_PRIORITY = 6
 
 #: Stands in for a task this worker does not know: Celery's ``Request`` reads only its
@@ -73,9 +75,8 @@ def resign(channel: Channel) -> None:
 def install() -> bool:
     """Make this process's Celery worker list the delayed tasks it leads in its ``scheduled``
     replies (idempotent); False when Celery's worker is not installed."""
-    try:
-        from celery.worker import control  # type: ignore[import-untyped]
-    except ImportError:
+    control = celery_state.control_panel()
+    if control is None:
         return False
     if getattr(control.Panel.data.get("scheduled"), "_belayq", False):
         return True
@@ -98,11 +99,9 @@ def waiting_in_redis(consumer: Any) -> list[dict[str, Any]]:
     worker's consumer) takes from a belayq:// channel and that this process leads, soonest
     due first; [] on another transport. Redis unreachable: [] and a warning (the reply
     still lists what the worker holds)."""
-    from .channel import Channel
-
     task_consumer: Any = getattr(consumer, "task_consumer", None)
-    channel = getattr(task_consumer, "channel", None)
-    if not isinstance(channel, Channel):
+    channel: Any = getattr(task_consumer, "channel", None)
+    if getattr(channel, "scheduled_max", None) is None:  # not a belayq:// channel
         return []
     left = int(channel.scheduled_max)
     out: list[dict[str, Any]] = []
@@ -126,8 +125,7 @@ def entry(consumer: Any, channel: Any, payload: bytes | None, due_ms: int) -> di
     """One ``scheduled`` entry for a stored kombu message, as Celery's worker gives it for an
     ETA task in its timer; None for a message that is no Celery task (protocol 2) or does not
     decode as the worker accepts it."""
-    from celery.worker.request import Request  # type: ignore[import-untyped]
-
+    Request = celery_state.request_class()
     try:
         raw = json.loads(payload or b"")
         headers = raw.get("headers")
