@@ -243,3 +243,63 @@ def test_a_sharded_queue_is_read_over_its_shards(client: redis.Redis, served: An
         q.ack(d)
     finally:
         q.close(release=False)
+
+
+def _rq_queue_with_every_registry(client: redis.Redis) -> tuple[belayq_rq.Queue, Any]:
+    """An RQ queue with a waiting job, a scheduled one, a failed one, and the expired
+    entries RQ's cleanup would delete: a failed job whose failure_ttl ran out and a started
+    entry whose worker is long gone."""
+    q = belayq_rq.Queue("rqq", connection=client)
+    failing = q.enqueue(jobs.fail)
+    assert belayq_rq.SimpleWorker([q], connection=client).work(burst=True)
+    assert failing.get_status(refresh=True) == "failed"
+    q.enqueue(jobs.add, 1, 2)
+    q.enqueue_in(timedelta(minutes=5), jobs.add, 3, 4)
+    client.zadd("rq:failed:rqq", {"expired-job-1": 1000})
+    client.zadd("rq:wip:rqq", {"gone-job:exec-1": 1000})
+    return q, failing
+
+
+def test_reading_an_rq_queue_writes_nothing_on_any_surface(client: redis.Redis,
+                                                           served: Any) -> None:
+    _, failing = _rq_queue_with_every_registry(client)
+
+    def snapshot() -> dict[bytes, tuple[bytes | None, int]]:
+        return {k: (client.dump(k), int(client.pttl(k)) // 60_000) for k in client.keys("*")}
+
+    before = snapshot()
+    with served(web.create_app(client)) as base:
+        surfaces(client, base, "rq", "rqq")
+        cli(client, "delayed", "rqq")
+        assert call(f"{base}/api/queue/rq/rqq/message/{failing.id}")[0] == 200
+        assert call(f"{base}/api/search?id={failing.id}")[0] == 200
+    after = snapshot()
+    changed = sorted(k.decode() for k in set(before) | set(after)
+                     if before.get(k) != after.get(k))
+    assert changed == []
+    assert client.zscore("rq:failed:rqq", "expired-job-1") == 1000
+
+
+def test_rq_failed_counts_what_rqs_registry_count_answers(client: redis.Redis,
+                                                          served: Any) -> None:
+    q, failing = _rq_queue_with_every_registry(client)
+    with served(web.create_app(client)) as base:
+        seen = surfaces(client, base, "rq", "rqq")
+        status, detail = call(f"{base}/api/queue/rq/rqq")
+    shown = detail["framework_failed"]
+    rq_count = q.failed_job_registry.count  # RQ's own answer (it cleans up first)
+    assert rq_count == 1
+    agree(seen, failed=rq_count)
+    assert shown["count"] == rq_count and [r["id"] for r in shown["rows"]] == [failing.id]
+
+
+def test_an_rq_job_is_found_only_in_the_queue_it_was_enqueued_on(client: redis.Redis,
+                                                                 served: Any) -> None:
+    job = belayq_rq.Queue("mail", connection=client).enqueue(jobs.add, 1, 2)
+    belayq_rq.Queue("sms", connection=client).enqueue(jobs.add, 3, 4)
+    with served(web.create_app(client)) as base:
+        status, answer = call(f"{base}/api/search?id={job.id}")
+        assert status == 200, answer
+        assert [(f["kind"], f["queue"]) for f in answer["found"]] == [("rq", "mail")]
+        assert call(f"{base}/api/queue/rq/mail/message/{job.id}")[0] == 200
+        assert call(f"{base}/api/queue/rq/sms/message/{job.id}")[0] == 404

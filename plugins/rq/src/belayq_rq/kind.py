@@ -10,9 +10,13 @@ beside its queue list, through RQ's own API.
   deletes them as ``rq requeue`` and rq-dashboard do, and a job's detail from its hash:
   function, arguments, status, times, and the latest result or exception.
 * The numbers every tool shows (:mod:`belayq.readmodel`) count the jobs of the queue's
-  ``ScheduledJobRegistry`` as delayed and those of its ``FailedJobRegistry`` as failed (a
-  ``ZCARD`` each: what ``rq info`` and rq-dashboard show), and read the oldest waiting
-  job's ``enqueued_at`` (one ``HGET`` of the job at the list's head).
+  ``ScheduledJobRegistry`` as delayed and the unexpired ones of its ``FailedJobRegistry``
+  as failed (what RQ's ``registry.count`` answers, without its cleanup), and read the
+  oldest waiting job's ``enqueued_at`` (one ``HGET`` of the job at the list's head).
+
+Every read here leaves RQ's registries as they are: RQ's own reads (``get_job_ids``,
+``count``) first delete the expired entries, so they are called with ``cleanup=False``, or
+the entries RQ's cleanup would delete are skipped instead.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from typing import Any
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry
-from rq.utils import str_to_date
+from rq.utils import current_timestamp, str_to_date
 
 from belayq.sharded import AnyQueue
 
@@ -48,7 +52,7 @@ class RQTools:
         scheduled = 0
         if delayed:
             registry = ScheduledJobRegistry(queue.name, connection=client)  # type: ignore[no-untyped-call]
-            for job_id in registry.get_job_ids():
+            for job_id in registry.get_job_ids(cleanup=False):
                 try:
                     registry.remove(job_id, delete_job=True)
                 except NoSuchJobError:  # its hash is gone already: the entry alone
@@ -59,7 +63,7 @@ class RQTools:
 
     def delayed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
         registry = ScheduledJobRegistry(queue.name, connection=queue.client)  # type: ignore[no-untyped-call]
-        ids = registry.get_job_ids(0, max(0, limit - 1))
+        ids = registry.get_job_ids(0, max(0, limit - 1), cleanup=False)
         if not ids:
             return []
         now = time.time()
@@ -87,22 +91,26 @@ class RQTools:
 
     def framework_counts(self, queue: AnyQueue) -> dict[str, int | None]:
         """What RQ keeps beside the queue's list: ``delayed``, the jobs its scheduler holds
-        back (the ``ScheduledJobRegistry``), and ``failed``, its ``FailedJobRegistry``
-        (read only: no cleanup, one pipeline)."""
+        back (the ``ScheduledJobRegistry``), and ``failed``, the unexpired jobs of its
+        ``FailedJobRegistry`` (read only: no cleanup, one pipeline)."""
         pipe = queue.client.pipeline(transaction=False)
         pipe.zcard(_scheduled(queue).key)
-        pipe.zcard(_failed(queue).key)
-        scheduled, failed = pipe.execute()
-        return {"delayed": int(scheduled), "failed": int(failed)}
+        _queue_failed_count(pipe, _failed(queue).key)
+        scheduled, total, expired = pipe.execute()
+        return {"delayed": int(scheduled), "failed": int(total) - int(expired)}
 
     def failed_count(self, queue: AnyQueue) -> int:
-        """How many jobs the queue's FailedJobRegistry holds (read only: no cleanup)."""
-        return int(queue.client.zcard(_failed(queue).key))
+        """How many unexpired jobs the queue's FailedJobRegistry holds: what RQ's
+        ``registry.count`` answers, without the cleanup it does first (read only)."""
+        pipe = queue.client.pipeline(transaction=False)
+        _queue_failed_count(pipe, _failed(queue).key)
+        total, expired = pipe.execute()
+        return int(total) - int(expired)
 
     def failed(self, queue: AnyQueue, limit: int) -> list[dict[str, Any]]:
-        """The newest ``limit`` failed jobs of the queue's ``FailedJobRegistry``."""
-        registry = _failed(queue)
-        ids = list(reversed(registry.get_job_ids(-limit, -1))) if limit > 0 else []
+        """The newest ``limit`` unexpired failed jobs of the queue's ``FailedJobRegistry``
+        (those :meth:`failed_count` counts; read only)."""
+        ids = _live_failed_ids(queue, limit) if limit > 0 else []
         jobs = Job.fetch_many(ids, connection=queue.client) if ids else []
         rows: list[dict[str, Any]] = []
         for job_id, job in zip(ids, jobs, strict=True):
@@ -144,10 +152,14 @@ class RQTools:
         return done
 
     def message(self, queue: AnyQueue, message_id: str) -> dict[str, Any] | None:
-        """RQ's record of job ``message_id`` (None when RQ has no such job)."""
+        """RQ's record of job ``message_id`` (None when RQ has no such job, or when the job
+        belongs to another queue: a job is RQ's record of the queue it was enqueued on, its
+        ``origin``, only)."""
         try:
             job = Job.fetch(message_id, connection=queue.client)
         except NoSuchJobError:
+            return None
+        if job.origin != queue.name:
             return None
         result = _latest(job)
         return {
@@ -174,6 +186,24 @@ def _scheduled(queue: AnyQueue) -> ScheduledJobRegistry:
 
 def _failed(queue: AnyQueue) -> FailedJobRegistry:
     return FailedJobRegistry(queue.name, connection=queue.client)
+
+
+def _queue_failed_count(pipe: Any, key: str) -> None:
+    """Queue on ``pipe`` the two replies whose difference is what RQ's ``registry.count``
+    answers: every entry, and the expired ones its cleanup would delete first (scores, the
+    expiry times, from 0 to now; no expiry is +inf)."""
+    pipe.zcard(key)
+    pipe.zcount(key, 0, current_timestamp())
+
+
+def _live_failed_ids(queue: AnyQueue, limit: int) -> list[str]:
+    """The ids of the newest ``limit`` failed jobs that RQ's cleanup would keep (an expiry
+    after now, or a negative score, which its cleanup never deletes), newest first."""
+    key, now, client = _failed(queue).key, current_timestamp(), queue.client
+    raw = client.zrevrangebyscore(key, "+inf", f"({now}", start=0, num=limit)
+    if len(raw) < limit:
+        raw += client.zrevrangebyscore(key, "(0", "-inf", start=0, num=limit - len(raw))
+    return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in raw]
 
 
 def _latest(job: Job) -> Any:
