@@ -19,10 +19,13 @@ import rq.worker
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from rq.exceptions import DuplicateJobError
+from rq.job import Job
 
 import belayq_rq
 from belayq.keys import QueueKeys
 from belayq.otel import BelayqInstrumentor
+from belayq.registry import Registry
 from tests.plugins.rq import jobs
 
 Spans = list[dict[str, Any]]
@@ -47,6 +50,11 @@ def traced(tmp_path: Path) -> Iterator[tuple[TracerProvider, InMemorySpanExporte
         out.close()
 
 
+def served(client: Any, name: str) -> None:
+    """Record RQ queue ``name`` in belayq's registry, as a belayq worker on it does."""
+    belayq_rq.Queue(name, connection=client).belayq()
+
+
 def named(spans: Spans, name: str) -> Spans:
     return [s for s in spans if s["name"] == name]
 
@@ -59,6 +67,7 @@ def test_a_job_runs_in_the_trace_that_enqueued_it(
 ) -> None:
     provider, memory, path = traced
     name = f"traced-{uuid.uuid4().hex[:8]}"
+    served(conn, name)
     producer = rq.Queue(name, connection=conn)  # RQ's own producer: belayq traces it
     with provider.get_tracer("test").start_as_current_span("web request") as request:
         ok = producer.enqueue(jobs.traced, 1)
@@ -128,6 +137,7 @@ def test_traced_rq_enqueues_with_n_connections_and_n_threads_never_fail(
     pool = pool_class(port=rq_server.port, max_connections=n, **extra)
     client = redis.Redis(connection_pool=pool)
     name = f"pool-{uuid.uuid4().hex[:8]}"
+    served(conn, name)
     producer = rq.Queue(name, connection=client)
     failures: list[BaseException] = []
     start = threading.Barrier(n)
@@ -158,6 +168,7 @@ def test_an_rq_jobs_context_goes_with_it(
     conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
 ) -> None:
     name = f"gone-{uuid.uuid4().hex[:8]}"
+    served(conn, name)
     producer = rq.Queue(name, connection=conn)
     done = producer.enqueue(jobs.traced, 1)
     cancelled = producer.enqueue(jobs.traced, 2)
@@ -172,3 +183,68 @@ def test_an_rq_jobs_context_goes_with_it(
     belayq_rq.SimpleWorker([name], connection=conn).work(burst=True, logging_level="WARNING")
     assert done.get_status(refresh=True) == "finished"
     assert _contexts(conn, name) == 0
+
+
+def test_a_stock_queue_no_belayq_worker_serves_keeps_no_context_in_redis(
+    conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
+) -> None:
+    _, memory, _ = traced
+    name = f"stock-{uuid.uuid4().hex[:8]}"
+    stock = rq.Queue(name, connection=conn)
+    for i in range(3):
+        stock.enqueue(jobs.traced, i)
+    rq.SimpleWorker([stock], connection=conn).work(burst=True, logging_level="WARNING")
+    assert len(named([{"name": s.name} for s in memory.get_finished_spans()],
+                     f"send {name}")) == 3
+    keys = QueueKeys.build(name, ready_key=stock.key)
+    assert conn.exists(keys.meta, keys.stats) == 0
+    assert conn.keys(f"*{name}*:meta") == []
+
+
+def test_a_refused_unique_duplicate_leaves_the_waiting_jobs_context(
+    conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
+) -> None:
+    provider, _, _ = traced
+    name = f"unique-{uuid.uuid4().hex[:8]}"
+    queue = belayq_rq.Queue(name, connection=conn)
+    meta = QueueKeys.build(name, ready_key=queue.key).meta
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("first"):
+        queue.enqueue(jobs.traced, 1, job_id="J1", unique=True)
+    kept = conn.hgetall(meta)
+    assert _contexts(conn, name) == 1
+    with tracer.start_as_current_span("second"), pytest.raises(DuplicateJobError):
+        queue.enqueue(jobs.traced, 1, job_id="J1", unique=True)
+    assert conn.hgetall(meta) == kept
+    assert queue.count == 1
+
+
+def test_rq_empty_on_a_belayq_queue_takes_the_jobs_contexts_with_them(
+    conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
+) -> None:
+    name = f"emp-{uuid.uuid4().hex[:8]}"
+    queue = belayq_rq.Queue(name, connection=conn)
+    ids = [queue.enqueue(jobs.traced, i).id for i in range(5)]
+    assert _contexts(conn, name) == 5
+    assert queue.empty() == 5
+    assert queue.count == 0 and _contexts(conn, name) == 0
+    assert conn.exists(*(Job.key_for(i) for i in ids)) == 0
+    assert queue.empty() == 0
+
+
+def test_rq_delete_on_a_belayq_queue_leaves_no_key_of_it_nor_its_record(
+    conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
+) -> None:
+    name = f"delq-{uuid.uuid4().hex[:8]}"
+    queue = belayq_rq.Queue(name, connection=conn)
+    for i in range(3):
+        queue.enqueue(jobs.traced, i)
+    belayq_rq.SimpleWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
+    waiting = [queue.enqueue(jobs.traced, i).id for i in range(3)]
+    assert Registry(conn).get("rq", name) is not None
+    assert queue.delete(delete_jobs=True) is None
+    assert conn.exists(*(Job.key_for(i) for i in waiting)) == 0
+    own = [k for k in conn.keys(f"*{name}*") if b"finished" not in k and b"results" not in k]
+    assert own == []
+    assert Registry(conn).get("rq", name) is None
+    assert name not in {q.name for q in rq.Queue.all(connection=conn)}

@@ -31,7 +31,7 @@ from rq.utils import current_timestamp, str_to_date
 
 from belayq.sharded import AnyQueue
 
-from .queue import enqueued_ms
+from .queue import enqueued_ms, purge_jobs
 
 
 class RQTools:
@@ -39,16 +39,7 @@ class RQTools:
 
     def purge(self, queue: AnyQueue, *, delayed: bool) -> dict[str, int]:
         client = queue.client
-        hashes = 0
-
-        def delete_jobs(job_ids: list[bytes]) -> None:
-            nonlocal hashes
-            keys = [key for raw in job_ids for job_id in [raw.decode("utf-8", "replace")]
-                    for key in (Job.key_for(job_id), Job.dependents_key_for(job_id))]
-            if keys:
-                hashes += int(client.delete(*keys))
-
-        purged = queue.purge(delayed=delayed, on_entries=delete_jobs)
+        purged, hashes = purge_jobs(queue, delayed=delayed)
         scheduled = 0
         if delayed:
             registry = ScheduledJobRegistry(queue.name, connection=client)  # type: ignore[no-untyped-call]

@@ -25,6 +25,7 @@ from rq.queue import Queue as RQQueue
 
 from belayq import ConfigError, ConnectionLost, Delivery, QueueConfig, ReliableQueue
 from belayq.claim_any import claim_any
+from belayq.errors import BelayqError
 from belayq.option_names import misspells, refuse_misspelled, unknown_option
 
 from . import settle
@@ -33,6 +34,9 @@ from .claims import Claim, attach, core_for, core_options, driven
 if TYPE_CHECKING:
     from rq.serializers import Serializer
     from rq.timeouts import BaseDeathPenalty
+
+    from belayq.admin import Purged
+    from belayq.sharded import AnyQueue
 
 log = logging.getLogger("belayq_rq")
 
@@ -151,6 +155,36 @@ class Queue(RQQueue):
             options=self._belayq_options,
         )
 
+    def empty(self) -> int:
+        """Delete the queued jobs, as RQ's ``empty()`` does (their job hashes and dependents'
+        lists go too), through belayq's purge, so what belayq keeps for each job (its trace
+        context) goes with it: what ``belayq purge`` does. Jobs being run, and the jobs of
+        RQ's registries (scheduled, failed ...), stay.
+
+        Returns:
+            How many jobs were removed from the queue, as RQ's ``empty()``.
+        """
+        purged, _ = purge_jobs(self.belayq(), delayed=False)
+        return int(purged.ready)
+
+    def delete(self, delete_jobs: bool = True) -> None:
+        """Delete the queue, as RQ's ``delete()`` does (with its queued jobs when
+        ``delete_jobs``), and every key belayq keeps for it, and its record in belayq's
+        registry: what ``belayq drop`` does, so no tool lists it any more.
+
+        Raises:
+            BelayqError: A job of the queue is being run (claimed): nothing is deleted.
+                Stop its workers first.
+        """
+        core = self.belayq()
+        if core.stats()["in_flight"]:
+            raise _busy(self.name, int(core.stats()["in_flight"]))
+        if delete_jobs:
+            self.empty()
+        super().delete(delete_jobs=False)
+        if not core.drop():  # a worker claimed a job meanwhile
+            raise _busy(self.name, int(core.stats()["in_flight"]))
+
     def acquire_maintenance_lock(self) -> bool:
         _refuse_stock_worker(self, by_a_worker=True)  # only workers run maintenance passes
         return bool(super().acquire_maintenance_lock())
@@ -204,6 +238,31 @@ class Queue(RQQueue):
             job = _admit(queue, core, got[0], job_cls, serializer, death_penalty_class)
             if job is not None:
                 return job, queue
+
+
+def _busy(name: str, claimed: int) -> BelayqError:
+    return BelayqError(
+        f"queue {name!r} has {claimed} job(s) claimed by a worker, so belayq's keys of it "
+        "were not deleted: stop its workers (`belayq inspect` shows the claims), then delete it"
+    )
+
+
+def purge_jobs(core: AnyQueue, *, delayed: bool) -> tuple[Purged, int]:
+    """Delete ``core``'s waiting job ids through belayq's purge (with what belayq keeps for
+    each), and their RQ job hashes and dependents' lists, as ``rq empty`` does; the delayed
+    entries of the core too when ``delayed``. Returns the purge's counts and how many job
+    keys were deleted."""
+    client = core.client
+    deleted = 0
+
+    def delete_jobs(job_ids: list[bytes]) -> None:
+        nonlocal deleted
+        keys = [key for raw in job_ids for job_id in [raw.decode("utf-8", "replace")]
+                for key in (Job.key_for(job_id), Job.dependents_key_for(job_id))]
+        if keys:
+            deleted += int(client.delete(*keys))
+
+    return core.purge(delayed=delayed, on_entries=delete_jobs), deleted
 
 
 def _admit(

@@ -5,11 +5,15 @@ entry point when it instruments; nothing here runs otherwise. RQ producers push 
 with RQ's own code, so belayq traces them where RQ enqueues:
 
 * every enqueue (``enqueue``, ``enqueue_many``, a retry, a dependent, the scheduler's) is a
-  ``send <queue>`` span (PRODUCER), whose context is kept with the job as a core publish
-  keeps it (a field of the queue's meta hash, deleted when the job's message goes), written
-  in RQ's own transaction: the one RQ enqueues in, or the one it would have opened, so it
-  takes no connection of its own; a job removed from its queue by RQ (``cancel``,
-  ``delete``) takes its context with it;
+  ``send <queue>`` span (PRODUCER). On a queue a belayq worker takes jobs from (a
+  ``belayq_rq.Queue``, or a stock ``rq.Queue`` whose queue is in belayq's registry), its
+  context is kept with the job as a core publish keeps it (a field of the queue's meta
+  hash, deleted when the job's message goes), written in RQ's own transaction: the one RQ
+  enqueues in, or the one it would have opened, so it takes no connection of its own (a
+  unique enqueue writes it just before RQ's script, and only where the job has none yet:
+  a refused duplicate leaves the waiting job's context alone); a job removed from its queue by RQ (``cancel``,
+  ``delete``) takes its context with it. A stock queue no belayq worker serves gets its
+  span only: nothing is written to Redis for it, as nothing would take it away;
 * a belayq worker's claim is the core's ``receive <queue>`` span, linked to it, and the job
   runs inside a ``process <queue>`` span (CONSUMER) of that trace, in the work horse of a
   forking worker too, so the spans a job makes join the trace that enqueued it. A job that
@@ -31,8 +35,10 @@ from belayq.constants import TRACE_CONTEXT_MAX_BYTES
 from belayq.keys import QueueKeys
 from belayq.models import entry_id
 from belayq.otel import SYSTEM, context_of
+from belayq.registry import Registry
 
 from .claims import claim_of
+from .queue import Queue as BelayqQueue
 
 
 def _owner(cls: type, name: str) -> type:
@@ -52,6 +58,17 @@ def _keys(queue: Any, job_id: str) -> tuple[QueueKeys, str]:
     return keys, keys.context_field(entry_id(job_id.encode("utf-8"), inline=True))
 
 
+def _served(queue: Any, pipeline: Any) -> bool:
+    """Whether a belayq worker takes ``queue``'s jobs, and so their contexts away with them:
+    a ``belayq_rq.Queue``, or a stock queue whose queue is in belayq's registry (one read, on
+    ``pipeline``'s connection while it watches keys, so no second connection is taken)."""
+    if isinstance(queue, BelayqQueue):
+        return True
+    reader = pipeline if pipeline is not None and getattr(pipeline, "watching", False) \
+        else queue.connection
+    return Registry(reader).get("rq", queue.name) is not None
+
+
 def _keep(client: Any, queue: Any, job_id: str, value: str) -> None:
     """Keep ``value`` (a context, as ``tracing.context_value()`` gives it) as job
     ``job_id``'s, on ``client`` (a pipeline: with the job), as the publish script keeps
@@ -66,6 +83,26 @@ def _keep(client: Any, queue: Any, job_id: str, value: str) -> None:
 def _forget(client: Any, queue: Any, job_id: str) -> None:
     keys, field = _keys(queue, job_id)
     client.hdel(keys.meta, field)
+
+
+def _enqueue_unique(enqueue: Callable[..., Any], queue: Any, job: Any, value: str,
+                    pipeline: Any, *args: Any, **kwargs: Any) -> Any:
+    """RQ's unique enqueue (its own script stores the job, so the context goes first), with
+    ``value`` kept as the job's context. The context is written only where the job has none
+    (HSETNX), and only a context this call wrote is removed when RQ refuses the job: a
+    refused duplicate leaves the waiting job's context as it is."""
+    keys, field = _keys(queue, job.id)
+    if len(value) > TRACE_CONTEXT_MAX_BYTES or value == "{}":
+        done = enqueue(queue, job, pipeline, *args, **kwargs)
+        queue.connection.hincrby(keys.stats, "untraced", 1)
+        return done
+    wrote = bool(queue.connection.hsetnx(keys.meta, field, value))
+    try:
+        return enqueue(queue, job, pipeline, *args, **kwargs)
+    except BaseException:
+        if wrote:
+            queue.connection.hdel(keys.meta, field)
+        raise
 
 
 def install(tracing: Any) -> Callable[[], None]:
@@ -88,16 +125,12 @@ def install(tracing: Any) -> Callable[[], None]:
         with tracer.start_as_current_span(f"send {queue.name}", kind=SpanKind.PRODUCER,
                                           attributes=attributes):
             value = tracing.context_value()
-            if not value or not getattr(queue, "_is_async", True):  # a sync job never waits
+            if (not value or not getattr(queue, "_is_async", True)  # a sync job never waits
+                    or not _served(queue, pipeline)):  # nothing would take the context away
                 return enqueue(queue, job, pipeline, *args, **kwargs)
             unique = kwargs.get("unique", args[1] if len(args) > 1 else False)
-            if unique:  # RQ's own script stores the job: the context goes first
-                _keep(queue.connection, queue, job.id, value)
-                try:
-                    return enqueue(queue, job, pipeline, *args, **kwargs)
-                except BaseException:
-                    _forget(queue.connection, queue, job.id)
-                    raise
+            if unique:
+                return _enqueue_unique(enqueue, queue, job, value, pipeline, *args, **kwargs)
             pipe = pipeline if pipeline is not None else queue.connection.pipeline()
             _keep(pipe, queue, job.id, value)
             done = enqueue(queue, job, pipe, *args, **kwargs)
