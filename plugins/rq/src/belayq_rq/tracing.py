@@ -11,9 +11,10 @@ with RQ's own code, so belayq traces them where RQ enqueues:
   hash, deleted when the job's message goes), written in RQ's own transaction: the one RQ
   enqueues in, or the one it would have opened, so it takes no connection of its own (a
   unique enqueue writes it just before RQ's script, and only where the job has none yet:
-  a refused duplicate leaves the waiting job's context alone); a job removed from its queue by RQ (``cancel``,
-  ``delete``) takes its context with it. A stock queue no belayq worker serves gets its
-  span only: nothing is written to Redis for it, as nothing would take it away;
+  a refused duplicate leaves the waiting job's context alone); a job removed from its
+  queue by RQ (``cancel``, ``delete``) takes its context with it. A stock queue no belayq
+  worker serves gets its span only: nothing is written to Redis for it, as nothing would
+  take it away;
 * a belayq worker's claim is the core's ``receive <queue>`` span, linked to it, and the job
   runs inside a ``process <queue>`` span (CONSUMER) of that trace, in the work horse of a
   forking worker too, so the spans a job makes join the trace that enqueued it. A job that
