@@ -30,11 +30,14 @@ def wait_for(
 
 
 @contextlib.contextmanager
-def reply_lost_once(script: str | None = None) -> Iterator[list[Any]]:
+def reply_lost_once(
+    script: str | None = None, between: Callable[[], Any] | None = None
+) -> Iterator[list[Any]]:
     """The first reply to a call of belayq's script ``script`` (of any of them: None) is
     lost after the server ran the call (read, then the connection drops), so redis-py's
     retry sends the very same command again, as it does after a dropped connection. Yields
-    a list that holds the lost reply once it was lost."""
+    a list that holds the lost reply once it was lost. ``between`` runs once the reply is
+    lost, before the re-send (what other clients do meanwhile)."""
     from belayq.sources import script_of
 
     lost: list[Any] = []
@@ -53,6 +56,8 @@ def reply_lost_once(script: str | None = None) -> Iterator[list[Any]]:
             losing.discard(id(self))
             lost.append(reply)
             self.disconnect()
+            if between is not None:
+                between()
             raise redis.ConnectionError("the reply was lost (the connection dropped)")
         return reply
 

@@ -92,3 +92,60 @@ def test_a_sweep_resent_after_a_lost_reply_answers_what_it_did(q: ReliableQueue)
         result = q.sweep()
     assert lost and result.reclaimed == 2
     assert q.stats()["reclaimed"] == 2
+
+
+# A first run that changed nothing keeps its reply too: its re-send must not act on what
+# arrived between the two runs.
+
+
+def test_delete_dead_resent_after_a_first_run_that_deleted_nothing_deletes_nothing(
+    q: ReliableQueue,
+) -> None:
+    with reply_lost_once("discard", between=lambda: dead_letters(q, 2)) as lost:
+        assert q.delete_dead(limit=10) == 0
+    assert lost, "the first reply was not lost: the test proved nothing"
+    assert q.stats()["dead"] == 2
+
+
+def test_delete_dead_by_ids_resent_after_a_first_run_that_found_none_deletes_nothing(
+    q: ReliableQueue,
+) -> None:
+    waiting = q.publish(b"not dead yet")
+
+    def dies() -> None:  # the id named becomes a dead letter before the re-send
+        for d in q.claim(timeout=0):
+            assert q.dead_letter(d, "bad")
+
+    with reply_lost_once("discard", between=dies) as lost:
+        assert q.delete_dead([waiting]) == 0
+    assert lost and [d.id for d in q.dead_letters()] == [waiting]
+
+
+def test_replay_dead_resent_after_a_first_run_that_replayed_nothing_replays_nothing(
+    q: ReliableQueue,
+) -> None:
+    with reply_lost_once("replay", between=lambda: dead_letters(q, 2)) as lost:
+        assert q.replay_dead(limit=10) == 0
+    assert lost
+    s = q.stats()
+    assert (s["dead"], s["ready"]) == (2, 0)
+
+
+def test_purge_resent_after_a_first_run_that_purged_nothing_purges_nothing(
+    q: ReliableQueue,
+) -> None:
+    with reply_lost_once("purge", between=lambda: q.publish(b"late")) as lost:
+        assert q.purge() == 0
+    assert lost and q.stats()["ready"] == 1
+
+
+def test_promote_resent_after_a_first_run_that_promoted_nothing_promotes_nothing(
+    q: ReliableQueue,
+) -> None:
+    with reply_lost_once(
+        "promote", between=lambda: q.publish(b"later", delay_ms=600_000)
+    ) as lost:
+        reply = q._scripts.run("promote", 2)
+    assert lost and [int(x) for x in reply] == [0, 0]
+    s = q.stats()
+    assert (s["ready"], s["delayed"]) == (0, 1)

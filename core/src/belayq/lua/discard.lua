@@ -11,7 +11,8 @@
 -- ARGV[7] limit      how many to delete when no ids are given (oldest first)
 -- ARGV[8..] ids      the dead letters to delete; none = the oldest `limit`
 -- Returns the number deleted (ids not in the dead-letter set are skipped). A call re-sent
--- with the same request id answers as its first run did and deletes nothing more.
+-- with the same request id answers as its first run did and deletes nothing more, even when
+-- the first run deleted nothing and dead letters arrived since (its reply is always kept).
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
 -- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
@@ -44,7 +45,10 @@ if #ARGV >= 8 then
 else
   ids = redis.call('ZRANGE', k.dead, 0, limit - 1)
 end
-if #ids == 0 then return 0 end
+if #ids == 0 then
+  remember(k.memo, k.memo_exp, {0}, now)
+  return 0
+end
 
 for _, id in ipairs(ids) do
   redis.call('ZREM', k.dead, id)

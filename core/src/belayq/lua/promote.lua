@@ -12,7 +12,8 @@
 -- ARGV[1..6]         see includes/context.lua
 -- ARGV[7] limit      most messages made ready by this call
 -- Returns {promoted, more}: more is 1 when delayed messages are left (call again). A call
--- re-sent with the same request id answers as its first run did and moves nothing more.
+-- re-sent with the same request id answers as its first run did and moves nothing more, even
+-- when the first run moved nothing (its reply is always kept).
 -- FLAGS: none: a full server (maxmemory) refuses it whole, before anything moves
 -- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
@@ -45,5 +46,5 @@ end
 fix_door(k.levels)
 count(k.stats, 'promoted', promoted)
 local out = {promoted, redis.call('ZCARD', k.delayed) > 0 and 1 or 0}
-if #ids > 0 then remember(k.memo, k.memo_exp, out, now) end
+remember(k.memo, k.memo_exp, out, now)
 return out

@@ -20,7 +20,7 @@
 -- Returns {ready purged, delayed purged, more, entry1, entry2, ...}: more is 1 when
 -- messages of the kinds asked for are left (call again); the entries only when asked. A
 -- call re-sent with the same request id answers as its first run did (its entries too) and
--- deletes nothing more.
+-- deletes nothing more, even when the first run deleted nothing (its reply is always kept).
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
 -- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
@@ -94,5 +94,5 @@ local more = with_delayed and redis.call('ZCARD', delayed) or 0
 for i = FIRST_LEVEL, #KEYS do more = more + redis.call('LLEN', KEYS[i]) end
 local out = {ready_purged, purged - ready_purged, more > 0 and 1 or 0}
 for _, entry in ipairs(entries) do out[#out + 1] = entry end
-if purged > 0 then remember(memo, memo_exp, out, now) end
+remember(memo, memo_exp, out, now)
 return out

@@ -12,7 +12,8 @@
 -- ARGV[7] limit      how many to replay when no ids are given (oldest first)
 -- ARGV[8..] ids      the dead letters to replay; none = the oldest `limit`
 -- Returns the number replayed (ids not in the dead-letter set are skipped). A call re-sent
--- with the same request id answers as its first run did and moves nothing more.
+-- with the same request id answers as its first run did and moves nothing more, even when
+-- the first run moved nothing and dead letters arrived since (its reply is always kept).
 -- FLAGS: none: a full server (maxmemory) refuses it whole, before anything moves
 -- MEMO: reply
 -- Errors (includes/check.lua), raised before any write: 'BELAYQ bad argument: <what>';
@@ -49,7 +50,10 @@ else
   local oldest = redis.call('ZRANGE', k.dead, 0, limit - 1)
   for i = 1, #oldest do ids[#ids + 1] = oldest[i] end
 end
-if #ids == 0 then return 0 end
+if #ids == 0 then
+  remember(k.memo, k.memo_exp, {0}, now)
+  return 0
+end
 
 local metas, found = {}, {}
 for j, id in ipairs(ids) do

@@ -9,8 +9,10 @@
 -- 3. due delayed messages are promoted;
 -- 4. expired memo records (replies, dedup ids) are dropped;
 -- 5. the bell is rung if only lower levels hold work.
--- A sweep that finds nothing to do writes nothing. One re-sent with the same request id
--- answers as its first run did (what it did), and does nothing more.
+-- A sweep that finds nothing to do writes nothing (every keeper runs it every period, so
+-- an idle consumer creates no key): a re-send of such a sweep does the recovery the next
+-- sweep would do anyway. One re-sent with the same request id after a sweep that did
+-- something answers as its first run did (what it did), and does nothing more.
 --
 -- KEYS: as claim.lua.
 -- ARGV[1..6]       see includes/context.lua
