@@ -2,7 +2,8 @@
 (on stderr for ``belayq queues``), the dashboard's banner (its overview's ``eviction``), and
 the exporter's ``belayq_eviction_possible`` gauge; each points to the docs site, which a pip
 user can reach. The policy is read at each request, by CONFIG GET, or by INFO memory where
-CONFIG is refused."""
+CONFIG is refused. A server with no memory limit never evicts, whatever its policy, and is
+not warned about."""
 
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ def client(server: RedisServer) -> Iterator[redis.Redis]:
     c = redis.Redis(port=server.port)
     c.flushall()
     c.config_set("maxmemory-policy", "noeviction")
+    c.config_set("maxmemory", "1gb")  # a limit: the policy applies
     yield c
     c.config_set("maxmemory-policy", "noeviction")
     c.close()
@@ -120,3 +122,27 @@ def test_the_dashboard_overview_carries_the_warning(
     client.config_set("maxmemory-policy", "allkeys-random")
     text = board.overview()["eviction"]
     assert "allkeys-random" in text and docs_url() in text
+
+
+def test_no_tool_warns_when_the_server_has_no_memory_limit(
+        client: redis.Redis, server: RedisServer, capsys: Any) -> None:
+    ReliableQueue(client, "jobs", keeper=False).publish(b"x")
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    client.config_set("maxmemory", "0")  # no limit: the server never evicts
+    assert of(client) is None
+    code, out, err = run(capsys, "stats", "--url", url(server), "jobs")
+    assert code == 0 and "maxmemory-policy" not in out + err
+    code, out, err = run(capsys, "queues", "--url", url(server))
+    assert code == 0 and "jobs" in out and "maxmemory-policy" not in out + err
+    assert gauge(client, []) == [({"policy": "noeviction", "evicts": "nothing"}, 0.0)]
+    client.execute_command("ACL", "SETUSER", "noconfig", "on", f">{PASSWORD}", "~*", "&*",
+                           "+@all", "-config")
+    try:  # INFO memory, read where CONFIG is refused, tells the limit too
+        limited = redis.Redis(port=server.port, username="noconfig", password=PASSWORD)
+        assert of(limited) is None
+        limited.close()
+    finally:
+        client.execute_command("ACL", "DELUSER", "noconfig")
+    client.config_set("maxmemory", "1gb")  # a limit: now it may evict
+    found = of(client)
+    assert found is not None and found.policy == "allkeys-lru"

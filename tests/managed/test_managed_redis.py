@@ -153,7 +153,7 @@ def test_hot_path_as_a_user_limited_to_the_queues_keys(managed: RedisServer) -> 
     ],
 )
 def test_eviction_policy_warning(policy: str, warned: bool) -> None:
-    server = start(*RENAMED, "--maxmemory-policy", policy)
+    server = start(*RENAMED, "--maxmemory-policy", policy, "--maxmemory", "1gb")
     client = redis.Redis(port=server.port)
     try:
         with warnings.catch_warnings(record=True) as seen:
@@ -174,7 +174,7 @@ def test_eviction_policy_warning(policy: str, warned: bool) -> None:
 
 
 def test_no_warning_and_no_failure_when_info_is_denied() -> None:
-    server = start("--maxmemory-policy", "allkeys-lru")
+    server = start("--maxmemory-policy", "allkeys-lru", "--maxmemory", "1gb")
     admin = redis.Redis(port=server.port)
     admin.execute_command(
         "ACL", "SETUSER", "noinfo", "on", f">{PASSWORD}", "~*", "&*", "+@all", "-info"
@@ -221,6 +221,7 @@ def test_eviction_warning_reads_every_primary_of_a_cluster() -> None:
     with RedisClusterServers(any_binary()) as cluster:
         last = cluster.nodes[-1]
         redis.Redis(port=last.port).config_set("maxmemory-policy", "allkeys-lfu")
+        redis.Redis(port=last.port).config_set("maxmemory", "1gb")  # a limit: it may evict
         client = RedisCluster(startup_nodes=[ClusterNode(h, p) for h, p in cluster.startup_nodes])
         try:
             with warnings.catch_warnings(record=True) as seen:

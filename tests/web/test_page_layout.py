@@ -81,17 +81,19 @@ def test_an_open_detail_closes_when_another_queue_opens(client: redis.Redis, ser
 
 def test_the_eviction_banner(client: redis.Redis, served: Any, page: Any) -> None:
     ReliableQueue(client, "jobs", keeper=False).publish(b"x")
-    before = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    before = client.config_get("maxmemory*")
     with served(web.create_app(client)) as base:
         page.goto(f"{base}/#/")
         page.get_by_test_id("overview-row").first.wait_for()
         banner = page.get_by_test_id("eviction-banner")
         assert banner.is_hidden()
+        client.config_set("maxmemory", "1gb")  # a limit: the policy applies
         client.config_set("maxmemory-policy", "allkeys-lru")
         try:
             banner.wait_for(state="visible")
             assert "allkeys-lru" in banner.inner_text()
             assert banner.locator("a").get_attribute("href", timeout=5_000).startswith("https://")
         finally:
-            client.config_set("maxmemory-policy", before)
+            client.config_set("maxmemory-policy", before["maxmemory-policy"])
+            client.config_set("maxmemory", before["maxmemory"])
         banner.wait_for(state="hidden")

@@ -103,19 +103,34 @@ def _text(value: Any) -> str:
 def eviction_policies(client: Any) -> list[str]:
     """``maxmemory_policy`` of every server the client reaches, from ``INFO memory`` (which
     managed services allow where they disable CONFIG); [] when the server will not say (an
-    ACL user without +info, fakeredis)."""
+    ACL user without +info, fakeredis). A server with no memory limit (``maxmemory`` 0)
+    never evicts, whatever its policy: it counts as ``noeviction``."""
     try:
         info = _info(client, "memory")
     except RESPONSE_ERROR as exc:  # NoPermissionError included
         log.debug("cannot read the eviction policy (INFO memory): %s", exc)
         return []
     if "maxmemory_policy" in info:
-        return [str(info["maxmemory_policy"])]
+        return [effective_policy(info["maxmemory_policy"], info.get("maxmemory"))]
     return [
-        str(v["maxmemory_policy"])
+        effective_policy(v["maxmemory_policy"], v.get("maxmemory"))
         for v in info.values()
         if isinstance(v, dict) and "maxmemory_policy" in v
     ]
+
+
+def effective_policy(policy: Any, maxmemory: Any) -> str:
+    """The policy a server applies: ``noeviction`` when it has no memory limit (``maxmemory``
+    0: it never evicts), else its ``maxmemory-policy``. An unknown limit (None) is taken as
+    set, so the policy is never hidden."""
+    text = policy.decode() if isinstance(policy, bytes) else str(policy)
+    if maxmemory is not None:
+        try:
+            if int(maxmemory) == 0:
+                return "noeviction"
+        except ValueError:
+            pass
+    return text
 
 
 def warn_if_evicting(client: Any) -> None:

@@ -8,9 +8,12 @@ finished jobs and results, a job enqueued with ``ttl=``, Celery's results); the 
 keys have none. Only ``noeviction`` keeps them all (a full server then refuses writes
 instead).
 
-The policy is read at each request of a tool (one command), never kept: ``CONFIG GET
-maxmemory-policy``, or, where CONFIG is refused (an ACL, a managed service), ``INFO memory``'s
-``maxmemory_policy``.
+A server with no memory limit (``maxmemory`` 0, Redis's default) never evicts, whatever its
+policy, so it is not warned about.
+
+The policy and the limit are read at each request of a tool (one command), never kept:
+``CONFIG GET maxmemory*``, or, where CONFIG is refused (an ACL, a managed service), ``INFO
+memory``'s ``maxmemory_policy`` and ``maxmemory``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from .client_info import eviction_policies, is_cluster
+from .client_info import effective_policy, eviction_policies, is_cluster
 from .errors import RESPONSE_ERROR
 from .site import EVICTION_PAGE, docs_url
 
@@ -51,22 +54,23 @@ class Eviction:
 
 def policies(client: Any) -> list[str]:
     """The ``maxmemory-policy`` of the server (of each primary of a cluster): by ``CONFIG
-    GET``, or by ``INFO memory`` where CONFIG is refused; [] when neither answers."""
+    GET``, or by ``INFO memory`` where CONFIG is refused; [] when neither answers. A server
+    with no memory limit (``maxmemory`` 0) never evicts: it counts as ``noeviction``."""
     if not is_cluster(client):
         try:
-            got = client.config_get("maxmemory-policy")
+            got = client.config_get("maxmemory*")  # one pattern: Redis 6.2 takes no more
         except RESPONSE_ERROR as exc:  # refused by an ACL, renamed away: INFO tells it too
-            log.debug("CONFIG GET maxmemory-policy refused (%s): reading INFO memory", exc)
+            log.debug("CONFIG GET maxmemory* refused (%s): reading INFO memory", exc)
         else:
             value = got.get("maxmemory-policy") if isinstance(got, dict) else None
             if value:
-                return [value.decode() if isinstance(value, bytes) else str(value)]
+                return [effective_policy(value, got.get("maxmemory"))]
     return eviction_policies(client)
 
 
 def of(client: Any) -> Eviction | None:
-    """What the server may evict, read now (one command); None under ``noeviction``, or when
-    the server will not tell its policy."""
+    """What the server may evict, read now (one command); None under ``noeviction``, with no
+    memory limit, or when the server will not tell its policy."""
     return judge(policies(client))
 
 
