@@ -108,6 +108,16 @@ def list_queues(client: Any, prefix: str = "belayq", kind: str | None = None) ->
     return sorted(listed, key=lambda f: (_kind_rank(f.kind), f.name, f.namespace))
 
 
+def _prefixed_hint(namespace: str | None, prefix: str) -> str:
+    """How to reach a queue of a Celery app with a ``global_keyprefix``: it records its
+    queues under that prefix (``<global_keyprefix><prefix>:queues``), not in a namespace of
+    the registry read."""
+    if not namespace or prefix.startswith(namespace):
+        return ""
+    return (f"; a Celery app with global_keyprefix {namespace!r} records its queues under "
+            f"it: reach them with --prefix {namespace}{prefix}")
+
+
 def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq",
          namespace: str | None = None) -> Found:
     """The queue called ``name`` (of ``kind``, or of whichever kind knows it; in
@@ -135,7 +145,8 @@ def find(client: Any, name: str, kind: str = "auto", prefix: str = "belayq",
                  if ns not in recorded and namespace in (None, ns)]
     if not hits:
         where = "any kind" if kind == "auto" else f"kind {kind}"
-        raise NoQueue(f"no queue {name!r} ({where}) is known here: `belayq queues` lists them")
+        raise NoQueue(f"no queue {name!r} ({where}) is known here: `belayq queues` lists them"
+                      + _prefixed_hint(namespace, prefix))
     if len({h.kind for h in hits}) > 1:
         raise ConfigError(f"queues named {name!r} exist as {', '.join(h.kind for h in hits)}: "
                           "say which with --kind")

@@ -307,10 +307,13 @@ def _add_arguments(name: str, p: argparse.ArgumentParser) -> None:
         f"only queues of this kind, {kinds} (default auto: any)"))
     p.add_argument("--prefix", default="belayq", help="the key prefix of belayq's own queues "
                    "and of its registry (the queues' prefix setting; default %(default)s)")
-    if name in ONE_QUEUE or name in ("watch", "exporter"):
+    if name in ONE_QUEUE or name in ("queues", "watch", "exporter"):
+        what = "QUEUE" if name in ONE_QUEUE else "the queues"
         p.add_argument("--namespace", default=None, metavar="NS", help=(
-            "the namespace of QUEUE when apps share the server: Dramatiq's namespace, "
-            "Celery's global_keyprefix ('' is the framework's default; default: any)"))
+            f"the namespace of {what} when apps share the server: Dramatiq's namespace, or "
+            "the key prefix of Celery queues belayq has no record of ('' is the framework's "
+            "default; default: any). A Celery app with global_keyprefix P records its "
+            "queues under it: reach them with --prefix Pbelayq"))
     if name not in ("exporter", "dashboard"):
         p.add_argument("--json", action="store_true",
                        help="print JSON, one object per line, instead of a table")

@@ -195,11 +195,13 @@ def kind_filter(kind: str) -> str | None:
 
 def found_names(client: redis.Redis, args: argparse.Namespace) -> list[Found]:
     """The queues the command's QUEUE arguments name (each must be known), or, when it
-    names none, every queue known (of ``--kind``)."""
+    names none, every queue known (of ``--kind``, in ``--namespace``)."""
     names = getattr(args, "queue", None) or []
-    return ([find(client, n, args.kind, prefix=args.prefix, namespace=_namespace(args))
+    namespace = _namespace(args)
+    return ([find(client, n, args.kind, prefix=args.prefix, namespace=namespace)
              for n in names]
-            or list_queues(client, args.prefix, kind_filter(args.kind)))
+            or [f for f in list_queues(client, args.prefix, kind_filter(args.kind))
+                if namespace in (None, f.namespace)])
 
 
 def open_named(client: redis.Redis, args: argparse.Namespace) -> tuple[Found, AnyQueue]:
