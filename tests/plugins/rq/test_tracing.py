@@ -23,6 +23,7 @@ from rq.exceptions import DuplicateJobError
 from rq.job import Job
 
 import belayq_rq
+from belayq.errors import BelayqError
 from belayq.keys import QueueKeys
 from belayq.otel import BelayqInstrumentor
 from belayq.registry import Registry
@@ -242,9 +243,27 @@ def test_rq_delete_on_a_belayq_queue_leaves_no_key_of_it_nor_its_record(
     belayq_rq.SimpleWorker([queue], connection=conn).work(burst=True, logging_level="WARNING")
     waiting = [queue.enqueue(jobs.traced, i).id for i in range(3)]
     assert Registry(conn).get("rq", name) is not None
-    assert queue.delete(delete_jobs=True) is None
+    queue.delete(delete_jobs=True)
     assert conn.exists(*(Job.key_for(i) for i in waiting)) == 0
     own = [k for k in conn.keys(f"*{name}*") if b"finished" not in k and b"results" not in k]
     assert own == []
     assert Registry(conn).get("rq", name) is None
     assert name not in {q.name for q in rq.Queue.all(connection=conn)}
+
+
+def test_rq_delete_while_a_job_is_claimed_raises_and_deletes_nothing(
+    conn: Any, traced: tuple[TracerProvider, InMemorySpanExporter, Path]
+) -> None:
+    name = f"busy-{uuid.uuid4().hex[:8]}"
+    queue = belayq_rq.Queue(name, connection=conn)
+    for i in range(2):
+        queue.enqueue(jobs.traced, i)
+    got = belayq_rq.Queue.dequeue_any([queue], None, connection=conn)
+    assert got is not None
+    before = sorted(conn.keys(f"*{name}*"))
+    with pytest.raises(BelayqError, match="claimed"):
+        queue.delete(delete_jobs=True)
+    assert sorted(conn.keys(f"*{name}*")) == before
+    assert queue.count == 1 and _contexts(conn, name) == 2  # the claimed one keeps its own
+    assert Registry(conn).get("rq", name) is not None
+    queue.belayq().forget([belayq_rq.claims.claim_of(got[0]).delivery])  # type: ignore[union-attr]
