@@ -286,3 +286,42 @@ def test_a_dramatiq_queue_is_known_by_its_record_only_in_its_own_namespace(
     [d] = q.claim(timeout=0)
     assert d.payload == b"body-1"  # from its own app's lists
     q.drop()
+
+
+class _WritesBetween:
+    """A client that, right after one HSET of ``field``, lets another process write
+    (``then``): the interleaving of two processes opening at once."""
+
+    def __init__(self, client: redis.Redis, field: str, then: Any) -> None:
+        self._client, self._field, self._then = client, field, then
+
+    def hset(self, key: Any, field: Any, *args: Any, **kwargs: Any) -> Any:
+        done = self._client.hset(key, field, *args, **kwargs)
+        if field == self._field and self._then is not None:
+            then, self._then = self._then, None
+            then()
+        return done
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_moving_a_record_of_the_previous_form_keeps_one_another_process_wrote_meanwhile(
+    r: redis.Redis, qname: str
+) -> None:
+    theirs: dict[str, Any] = dramatiq_layout(qname, namespace="app2")
+    old = ReliableQueue(r, qname, keeper=False, record=False, **theirs).record()
+    legacy = json.loads(old.to_json())
+    legacy.pop("namespace", None)  # as the previous form wrote it, under kind/name
+    r.hset(registry_key(), f"dramatiq/{qname}", json.dumps(legacy))
+    default = ReliableQueue(r, qname, keeper=False, record=False,
+                            **dramatiq_layout(qname)).record()
+
+    def default_app_records() -> None:  # it moved the old record and wrote its own
+        r.hset(registry_key(), f"dramatiq/{qname}", default.to_json())
+
+    racing = Registry(_WritesBetween(r, f"dramatiq:app2/{qname}", default_app_records))
+    racing.record(old)
+    assert Registry(r).get("dramatiq", qname, namespace="app2") is not None
+    kept = Registry(r).get("dramatiq", qname)
+    assert kept is not None and kept.namespace == "" and kept.ready_key == default.ready_key

@@ -65,6 +65,18 @@ __all__ = ["ADOPTED_FIELDS", "KEPT_FIELDS", "LAYOUT_FIELDS", "LIMIT_FIELDS", "RE
 
 log = logging.getLogger("belayq")
 
+#: Deletes a field of the registry only while it still holds the bytes read (ARGV[2]), in
+#: one step: moving a record an earlier belayq wrote never deletes a record another process
+#: wrote there meanwhile (as redis-py's ``Lock`` releases only its own token).
+#: KEYS[1] the registry hash; ARGV[1] the field; ARGV[2] the bytes read. Returns 1 when
+#: deleted, else 0.
+_DELETE_IF_UNCHANGED = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
 
 class Registry:
     """The registry of the queues under one key prefix, on one client.
@@ -91,11 +103,21 @@ class Registry:
     def _earlier(self, kind: str, name: str, namespace: str) -> QueueRecord | None:
         """The record an earlier belayq wrote for a queue of a non-default ``namespace``
         under the field of the default one, or None."""
+        found = self._earlier_read(kind, name, namespace)
+        return None if found is None else found[0]
+
+    def _earlier_read(self, kind: str, name: str,
+                      namespace: str) -> tuple[QueueRecord, bytes] | None:
+        """:meth:`_earlier`, with the bytes it was read from."""
         if not namespace:
             return None
         raw = self.client.hget(self.key, registry_field(kind, name))
         rec = None if raw is None else _readable(raw)
-        return rec if rec is not None and rec.namespace == namespace else None
+        return (rec, raw) if rec is not None and rec.namespace == namespace else None
+
+    def _delete_if_unchanged(self, field: str, raw: bytes) -> None:
+        """Delete ``field`` only if it still holds ``raw`` (in one step, on the server)."""
+        self.client.register_script(_DELETE_IF_UNCHANGED)(keys=[self.key], args=[field, raw])
 
     def all(self) -> list[QueueRecord]:
         """Every record, by kind, name and namespace (records this belayq cannot read are
@@ -122,7 +144,9 @@ class Registry:
 
         A record an earlier belayq wrote under ``<kind>/<name>`` for a queue of another
         namespace moves to its own field; one it wrote for this queue is taken as this
-        queue's, and moves to this queue's field.
+        queue's, and moves to this queue's field. The old field is deleted only while it
+        still holds the record read (one step on the server), never a record another process
+        wrote there meanwhile.
 
         On a full server (``maxmemory`` under ``noeviction``) the write is refused: what
         would stand is returned all the same, with a warning, so that a queue can always be
@@ -140,11 +164,12 @@ class Registry:
             if old is not None and old.field != rec.field:
                 try:  # an earlier belayq's record of another namespace's queue: its own now
                     self.client.hsetnx(self.key, old.field, old.to_json())
-                    self.client.hdel(self.key, rec.field)
+                    self._delete_if_unchanged(rec.field, raw)
                 except OUT_OF_MEMORY as exc:
                     return _unwritten(self.key, rec, exc)
                 continue
-            earlier = self._earlier(rec.kind, rec.name, rec.namespace) if old is None else None
+            read = self._earlier_read(rec.kind, rec.name, rec.namespace) if old is None else None
+            earlier = None if read is None else read[0]
             if old is None and earlier is None:
                 try:
                     if self.client.hsetnx(self.key, rec.field, rec.to_json()):
@@ -160,8 +185,8 @@ class Registry:
                 return stood
             try:
                 self.client.hset(self.key, rec.field, new.to_json())
-                if earlier is not None:
-                    self.client.hdel(self.key, registry_field(rec.kind, rec.name))
+                if read is not None:  # unless another process wrote that field meanwhile
+                    self._delete_if_unchanged(registry_field(rec.kind, rec.name), read[1])
             except OUT_OF_MEMORY as exc:
                 return _unwritten(self.key, new, exc)
             return new
