@@ -140,7 +140,8 @@ BAD_SCRIPT_ARGS: list[tuple[str, list[Any], str]] = [
     ("sweep", [10, "x"], "grace_ms"),
     ("sweep", [10, 1000, 1], "arguments"),
     ("replay", [0, "0"], "limit"),
-    ("replay", [10, "2"], "discard"),
+    ("discard", [0], "limit"),
+    ("discard", [10, ""], "id"),
     ("replay", [10, "0", ""], "id"),
     ("purge", ["-1", "1", "0"], "limit"),
     ("purge", [10, "2", "0"], "delayed"),
@@ -190,10 +191,12 @@ def test_a_script_refuses_bad_common_arguments(
 def test_a_script_refuses_a_wrong_key_vector(q: ReliableQueue) -> None:
     d = held_claim(q)
     command = q._scripts._command("ack", ["0", d.id, d.token], "")
+    named = len(q._scripts.vectors["ack"])
     del command[3]  # one key fewer than the contract block names
     command[2] = int(command[2]) - 1
     before = snapshot(q)
-    with pytest.raises(redis.ResponseError, match="BELAYQ bad argument: expected 5 keys"):
+    with pytest.raises(redis.ResponseError,
+                       match=f"BELAYQ bad argument: expected {named} keys, got {named - 1}"):
         q.client.execute_command(*command)
     assert snapshot(q) == before
 
