@@ -325,3 +325,28 @@ def test_moving_a_record_of_the_previous_form_keeps_one_another_process_wrote_me
     assert Registry(r).get("dramatiq", qname, namespace="app2") is not None
     kept = Registry(r).get("dramatiq", qname)
     assert kept is not None and kept.namespace == "" and kept.ready_key == default.ready_key
+
+
+def test_a_default_opener_moving_the_previous_form_keeps_a_record_written_meanwhile(
+    r: redis.Redis, qname: str
+) -> None:
+    theirs: dict[str, Any] = dramatiq_layout(qname, namespace="app2")
+    old = ReliableQueue(r, qname, keeper=False, record=False, **theirs).record()
+    legacy = json.loads(old.to_json())
+    legacy.pop("namespace", None)  # as the previous form wrote it, under kind/name
+    r.hset(registry_key(), f"dramatiq/{qname}", json.dumps(legacy))
+    default = ReliableQueue(r, qname, keeper=False, record=False,
+                            **dramatiq_layout(qname)).record()
+    other = dataclasses.replace(default, max_deliveries=11, named=("max_deliveries",))
+
+    class Between(_WritesBetween):  # another default opener records once the move began
+        def hsetnx(self, key: Any, field: Any, value: Any) -> Any:
+            done = self._client.hsetnx(key, field, value)
+            if field == f"dramatiq:app2/{qname}":
+                r.hset(registry_key(), f"dramatiq/{qname}", other.to_json())
+            return done
+
+    Registry(Between(r, "", None)).record(default)
+    kept = Registry(r).get("dramatiq", qname)
+    assert kept is not None and kept.max_deliveries == 11  # the other opener's, not lost
+    assert Registry(r).get("dramatiq", qname, namespace="app2") is not None
