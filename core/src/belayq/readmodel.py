@@ -17,8 +17,9 @@ The numbers (a :data:`Counts` dict):
   runs recorded for Celery and Dramatiq); None for a kind that keeps none;
 * ``failed_runs``: runs the framework reported failed (a counter: a Celery task that
   raised, an RQ job that failed, a Dramatiq actor that raised);
-* ``published``: messages published: belayq's publishes, plus, for a framework whose own
-  producers push to the list (RQ's ``enqueue``), each such message at its first claim;
+* ``published``: messages published: belayq's publishes (an RQ job enqueued through
+  ``belayq_rq.Queue`` counts at its enqueue), plus, for a framework whose own producers
+  push to the list (a stock RQ producer), each such message at its first claim;
 * ``acked``: messages settled by an ack (a framework that acks a failed run, as Celery and
   RQ do, counts it here too);
 * ``out``: messages that left the queue finished: acked or dead-lettered, each once. A nack

@@ -1,6 +1,6 @@
 """The exporter's metrics of an RQ queue, with a real ``rq worker`` (belayq_rq.Worker):
 the oldest waiting job's age from its ``enqueued_at``, jobs counted as published at their
-first claim, queue wait and run time, failed runs and RQ's FailedJobRegistry."""
+enqueue (once), queue wait and run time, failed runs and RQ's FailedJobRegistry."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_rq_queue_metrics_with_a_real_worker(conn: redis.Redis, workers: Workers
     time.sleep(1.2)
     m = scrape(conn)
     assert 1.0 < m[("belayq_oldest_ready_age_seconds", LAB)] < 60  # from enqueued_at
-    assert m[("belayq_published_total", LAB)] == 0  # not claimed yet: RQ pushed them
+    assert m[("belayq_published_total", LAB)] == 2  # counted at enqueue, not at claim
     assert m[("belayq_framework_failed", LAB)] == 0
     workers.start("q1", worker_class="tests.plugins.rq.jobs.FastWorker")
     wait_for(lambda: failing.get_status(refresh=True) == "failed"

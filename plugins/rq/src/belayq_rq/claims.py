@@ -14,6 +14,7 @@ from typing import Any
 from rq.job import Job
 
 from belayq import ConfigError, Delivery, QueueConfig, ReliableQueue
+from belayq.keys import SCHEMA_VERSION
 from belayq.option_names import refuse_unknown
 
 _ATTR = "_belayq_claim"
@@ -92,6 +93,29 @@ def core_for(
                                  **core_options(lease_ms, max_deliveries, options))
             cache[cache_key] = core
         return core
+
+
+#: The field of an RQ job's hash that marks it counted as published at its enqueue (through
+#: :class:`belayq_rq.Queue`); its first claim removes it instead of counting the job again.
+COUNTED_FIELD = "belayq_published"
+
+
+def count_enqueued(pipe: Any, core: ReliableQueue, job_id: str) -> None:
+    """Queue on ``pipe`` (RQ's own enqueue transaction) the count of job ``job_id`` as
+    published: one increment of the queue's ``published`` counter (a transient queue counts
+    nothing), and the job's mark (:data:`COUNTED_FIELD`) so its first claim does not count
+    it again."""
+    if core.config.transient:
+        return
+    pipe.hincrby(core.keys.stats, "published", 1)
+    pipe.hsetnx(core.keys.stats, "schema", SCHEMA_VERSION)  # as the core's counters do
+    pipe.hset(Job.key_for(job_id), COUNTED_FIELD, 1)
+
+
+def counted_at_enqueue(core: ReliableQueue, job: Job) -> bool:
+    """Whether ``job`` was counted as published at its enqueue; removes the mark, so a later
+    push by a stock RQ producer (``rq requeue``) is counted at its claim again."""
+    return bool(core.client.hdel(job.key, COUNTED_FIELD))
 
 
 def flush_observations(client: Any) -> None:

@@ -29,7 +29,15 @@ from belayq.errors import BelayqError
 from belayq.option_names import misspells, refuse_misspelled, unknown_option
 
 from . import settle
-from .claims import Claim, attach, core_for, core_options, driven
+from .claims import (
+    Claim,
+    attach,
+    core_for,
+    core_options,
+    count_enqueued,
+    counted_at_enqueue,
+    driven,
+)
 
 if TYPE_CHECKING:
     from rq.serializers import Serializer
@@ -154,6 +162,17 @@ class Queue(RQQueue):
             max_deliveries=self._max_deliveries,
             options=self._belayq_options,
         )
+
+    def push_job_id(
+        self, job_id: str, pipeline: Any = None, at_front: bool = False
+    ) -> None:
+        """RQ's push of a job id to the queue's list, with the job counted as published in
+        the same transaction (see :func:`~belayq_rq.claims.count_enqueued`)."""
+        pipe = pipeline if pipeline is not None else self.connection.pipeline()
+        super().push_job_id(job_id, pipeline=pipe, at_front=at_front)
+        count_enqueued(pipe, self.belayq(), job_id)
+        if pipeline is None:
+            pipe.execute()
 
     def empty(self) -> int:
         """Delete the queued jobs, as RQ's ``empty()`` does (their job hashes and dependents'
@@ -304,8 +323,10 @@ def _ready_to_run(
     """
     delivery = claim.delivery
     if delivery.deliveries == 1:
-        # RQ's producers push to RQ's own list: belayq counts a job as published here.
-        claim.core.first_claimed(delivery, enqueued_ms(job.enqueued_at), published=True)
+        # A job enqueued through belayq_rq.Queue was counted then; one a stock RQ producer
+        # pushed is counted as published here, at its first claim.
+        claim.core.first_claimed(delivery, enqueued_ms(job.enqueued_at),
+                                 published=not counted_at_enqueue(claim.core, job))
         return True
     if job.get_status(refresh=False) in settle.SETTLED:
         settle.ack_ended(job, claim)
