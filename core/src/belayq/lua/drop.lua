@@ -5,7 +5,8 @@
 -- KEYS[1] processing, KEYS[2] leases, KEYS[3] delayed, KEYS[4] dead, KEYS[5] meta,
 -- KEYS[6] payloads, KEYS[7] memo, KEYS[8] memo_exp, KEYS[9] stats,
 -- KEYS[10] history_done, KEYS[11] history_failed, KEYS[12] observed,
--- KEYS[13] history_control, KEYS[14] unpaused, KEYS[15] consumers, KEYS[16..] levels
+-- KEYS[13] history_control, KEYS[14] unpaused, KEYS[15] consumers, KEYS[16] lead,
+-- KEYS[17..] levels
 -- ARGV[1..6]  see includes/context.lua
 -- Returns 1 when dropped, 0 when claims are in flight.
 -- FLAGS: allow-oom (a full server still runs it: it frees memory)
