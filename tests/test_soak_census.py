@@ -81,6 +81,7 @@ def test_a_queue_s_lead_is_kept_while_it_expires_within_the_recorded_lease(
 
     with flushed_client(private_redis) as r:
         q = ReliableQueue(r, "soak-l", lease_ms=5000)
+        q.publish(b"later", delay_ms=600_000)  # a queue leads only while something waits
         assert q.lead()
         assert verdicts(private_redis)["belayq:{soak-l}:lead"] == "kept"
         r.persist(q.keys.lead)  # a lead that would never lapse

@@ -5,7 +5,9 @@ scheduled``) asks every worker, and each answers for what it holds in memory. be
 those messages in the queue's delayed set instead, which every worker can read; were each
 to list them, each would be shown once per worker. So one consumer process leads the queue
 (lua/lead.lua): its sweep takes the lead when nobody holds it and renews it while it
-consumes, and only that process lists the delayed set. A process that stops gives the lead
+consumes, and only that process lists the delayed set. A queue whose delayed set is empty
+has nothing to lead: the call writes nothing (an idle consumer creates no key) and a lead
+taken before lapses. A process that stops gives the lead
 up (the others take it at their next renewal); one that dies hands it over once the lease
 it was taken for (``lease_ms``) runs out. Meanwhile nobody lists them.
 """
@@ -53,8 +55,12 @@ class Leading:
         """Take or renew this process's lead of the queue for ``ttl_ms`` (default: the
         queue's ``lease_ms``), unless another process holds it.
 
+        Nothing is written while the queue's delayed set is empty (nothing to lead): the
+        call answers False then, and a lead taken before lapses at its expiry.
+
         Returns:
-            True when this process leads the queue now.
+            True when this process leads the queue now; False when another process does
+            or no message is delayed.
 
         Raises:
             ConfigError: A ``ttl_ms`` that is not an int >= 1.

@@ -15,7 +15,7 @@ from tests.support import wait_for
 
 from .conftest import Worker
 from .test_celery_worker import app
-from .test_transport import stats
+from .test_transport import core_queue, stats
 
 
 def node_of(w: Worker) -> str:
@@ -102,3 +102,30 @@ def test_a_leader_that_stops_hands_the_listing_over_before_its_lead_expires(
     took = time.monotonic() - stopped
     print(f"\nlisting handed over {took:.1f} s after the leader stopped (lease 30 s)")
     assert took < 20, took
+
+
+def test_an_idle_worker_writes_no_lead_while_nothing_is_delayed(
+    workers: Callable[..., Worker], celery_env: dict[str, str], port: int, kq: str
+) -> None:
+    # A 1 s lease: the sweep would renew a lead every third of a second. With nothing
+    # delayed it leads nothing and writes nothing; the first delayed task is listed at once.
+    import redis
+
+    workers("--pool=solo", BQ_LEASE="1").wait_ready()
+    lead = core_queue(port, kq).keys.lead
+    r = redis.Redis(port=port)
+    tagged = f"*{{{kq}}}*"
+    before = {k: r.dump(k) for k in r.keys(tagged)}
+    with r.monitor() as m:
+        seen: list[str] = []
+        until = time.monotonic() + 3.5  # several lease periods, idle
+        while time.monotonic() < until:
+            seen.append(m.next_command()["command"])
+    writes = [c for c in seen if lead in c and c.split()[0] in ("HSET", "PEXPIRE", "DEL")]
+    assert writes == [] and not r.exists(lead)
+    assert {k: r.dump(k) for k in r.keys(tagged)} == before
+    assert any("lead" in c for c in seen)  # the sweep did ask (it ran, and found nothing)
+    mod = app(celery_env, BQ_LEASE="1")
+    task = mod.add.apply_async((1, 2), countdown=60)
+    assert task.id in by_task(scheduled(mod))  # led from the request on: listed at once
+    assert r.exists(lead)

@@ -9,12 +9,15 @@ broadcast, not once per worker). Each entry has the shape Celery's own gives (``
 ``priority``, and ``request`` from Celery's ``Request.info()``), built by Celery's own
 ``Request`` from the stored message, as the worker would build it when the task is due.
 
-The leads are taken and renewed by each worker's sweep (:func:`lead`) and given up when its
-channel closes (:func:`resign`).
+A queue is led only while a task waits in its delayed set: an idle worker writes nothing.
+The leads are renewed by each worker's sweep (:func:`lead`), taken by the sweep or by the
+first worker a ``scheduled`` request reaches once a task waits (so a task delayed since the
+last sweep is listed at once, still by one worker), and given up when the channel closes
+(:func:`resign`).
 
 The cost is bounded: a reply reads at most ``scheduled_max`` delayed tasks (a transport
 option, 1,000 by default), two reads per led queue. Only the delayed set is read; nothing is
-written.
+written but the lead of a queue whose delayed set holds a task and that nobody leads.
 """
 
 from __future__ import annotations
@@ -46,8 +49,10 @@ _UNKNOWN_TASK = SimpleNamespace(ignore_result=False)
 
 
 def lead(channel: Channel) -> None:
-    """Take or renew this process's lead of each task queue ``channel`` consumes, for a
-    lease, every third of one (:meth:`belayq.ReliableQueue.lead`). A lead that cannot be
+    """Take or renew this process's lead of each task queue ``channel`` consumes whose
+    delayed set holds a task, for a lease, every third of one
+    (:meth:`belayq.ReliableQueue.lead`: nothing is written for a queue where nothing waits,
+    and its lead lapses). A lead that cannot be
     renewed (Redis unreachable, a full server) lapses; the sweep goes on."""
     now = monotonic()
     for name in channel.active_queues:
@@ -97,7 +102,8 @@ def install() -> bool:
 def waiting_in_redis(consumer: Any) -> list[dict[str, Any]]:
     """The ``scheduled`` entries of the delayed tasks of the queues ``consumer`` (a Celery
     worker's consumer) takes from a belayq:// channel and that this process leads, soonest
-    due first; [] on another transport. Redis unreachable: [] and a warning (the reply
+    due first (a queue nobody leads and where a task waits is led from now on by this
+    process); [] on another transport. Redis unreachable: [] and a warning (the reply
     still lists what the worker holds)."""
     task_consumer: Any = getattr(consumer, "task_consumer", None)
     channel: Any = getattr(task_consumer, "channel", None)
@@ -108,7 +114,7 @@ def waiting_in_redis(consumer: Any) -> list[dict[str, Any]]:
     try:
         for queue in task_consumer.queues:
             rq = channel.queue(queue.name)
-            if left <= 0 or not rq.leads():
+            if left <= 0 or not (rq.leads() or rq.lead()):
                 continue
             found = rq.delayed_messages(left)
             left -= len(found)
