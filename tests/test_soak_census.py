@@ -112,6 +112,19 @@ def test_a_task_is_lost_when_it_reached_neither_its_end_nor_its_framework_s_reco
     assert sorted(waiting) == ["sk-c2", "sk-r6"]  # while draining, sk-d3 may be on its way
 
 
+def test_a_job_meant_to_succeed_that_rq_failed_is_reported_not_taken_for_lost(
+    private_redis: RedisServer,
+) -> None:
+    from benchmarks.soaking.report import judge_tasks
+
+    sent = {"sk-r7": ("rq", "slow", 0.0), "sk-r8": ("rq", "ok", 0.0)}
+    with flushed_client(private_redis) as r:
+        r.zadd("rq:failed:soak-rq", {"sk-r7": 1})  # its work horse was killed, say
+        t = judge_tasks(sent, r, r, QUEUES, final=True)
+    assert t.failed_unplanned == ["sk-r7"]
+    assert t.lost == ["sk-r8"]
+
+
 def test_writes_during_a_read_are_named_and_a_read_that_writes_nothing_names_none(
     private_redis: RedisServer,
 ) -> None:

@@ -26,6 +26,9 @@ class Tasks:
     by_end: Counter[str] = field(default_factory=Counter)  # done, failed, dead
     waiting: list[str] = field(default_factory=list)  # not at their end (yet)
     lost: list[str] = field(default_factory=list)  # final: never to reach it
+    # final: meant to succeed, but failed in its framework (an RQ job in RQ's failed
+    # registry): not lost, yet a defect all the same
+    failed_unplanned: list[str] = field(default_factory=list)
     runs: int = 0
     planned_runs: int = 0  # the runs the plans ask for (retries, a poison's deliveries)
     ran_twice: int = 0  # completed more than once
@@ -91,6 +94,10 @@ def judge_tasks(sent: dict[str, tuple[str, str, float]], lr: redis.Redis, r: red
                     continue
         else:
             end = "done" if "ok" in seen else None
+            if (end is None and final and framework == "rq"
+                    and r.zscore(rq_failed, task_id) is not None):
+                t.failed_unplanned.append(task_id)
+                continue
         if end is None:
             (t.lost if final else t.waiting).append(task_id)
         else:
@@ -142,6 +149,7 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return (not self.tasks.lost and not self.tasks.waiting and not self.leaks
+                and not self.tasks.failed_unplanned
                 and self.residual <= self.memory_slack and not self.written_by_reads)
 
     @property
@@ -153,6 +161,7 @@ class Outcome:
         return {
             "ok": self.ok, "minutes": self.minutes, "rate": self.rate, "workers": self.workers,
             "tasks": {"sent": t.sent, "ends": dict(t.by_end), "lost": t.lost,
+                      "failed_unplanned": t.failed_unplanned,
                       "waiting": t.waiting, "runs": t.runs, "planned_runs": t.planned_runs,
                       "ran_twice": t.ran_twice,
                       "dead_letters": t.dead_letters},
@@ -177,7 +186,8 @@ def render(o: Outcome) -> str:
         "",
         f"sent {t.sent}; at their end {sum(t.by_end.values())} "
         f"({', '.join(f'{k} {v}' for k, v in sorted(t.by_end.items()))}); "
-        f"LOST {len(t.lost)}; not drained {len(t.waiting)}",
+        f"LOST {len(t.lost)}; failed but meant to succeed {len(t.failed_unplanned)}; "
+        f"not drained {len(t.waiting)}",
         f"runs {t.runs} ({t.planned_runs} planned: retries and poison runs included; "
         f"{t.runs - t.planned_runs:+} from redeliveries after kills); completed more than "
         f"once {t.ran_twice}; dead letters at the end "
@@ -232,6 +242,9 @@ def render(o: Outcome) -> str:
         lines += ["", "poll errors (first):", *o.poll_errors[:5]]
     if t.lost:
         lines += ["", f"lost: {t.lost[:50]}"]
+    if t.failed_unplanned:
+        lines += ["", f"failed but meant to succeed (see the worker's log): "
+                      f"{t.failed_unplanned[:50]}"]
     lines += ["", "RESULT: " + ("ok" if o.ok else "FAILED: " + "; ".join(_why(o)))]
     return "\n".join(lines)
 
@@ -251,6 +264,8 @@ def _why(o: Outcome) -> list[str]:
     out = []
     if o.tasks.lost:
         out.append(f"{len(o.tasks.lost)} lost")
+    if o.tasks.failed_unplanned:
+        out.append(f"{len(o.tasks.failed_unplanned)} failed but meant to succeed")
     if o.tasks.waiting:
         out.append(f"{len(o.tasks.waiting)} not drained")
     if o.leaks:
