@@ -733,8 +733,7 @@ class Model:
             self.meta.pop(mid, None)
             self.payloads.pop(mid, None)
         self.count("discarded", len(chosen))
-        if chosen:
-            self.remember(rid, [str(len(chosen))])
+        self.remember(rid, [str(len(chosen))])  # kept even when nothing was deleted
         return len(chosen)
 
     def replay(self, ids: list[str] | None, limit: int, rid: str = "") -> int:
@@ -758,8 +757,7 @@ class Model:
                 self.meta.pop(mid, None)
         self.fix_door()
         self.count("replayed", replayed)
-        if chosen:
-            self.remember(rid, [str(replayed)])
+        self.remember(rid, [str(replayed)])  # kept even when nothing was replayed
         return replayed
 
     def purge(self, rids: Callable[[], str] = str) -> int:
@@ -802,8 +800,7 @@ class Model:
                 purged += 1
         self.count("purged", purged)
         more = bool(self.delayed) or any(self.levels)
-        if purged:
-            self.remember(rid, [str(ready), str(purged - ready), "1" if more else "0"])
+        self.remember(rid, [str(ready), str(purged - ready), "1" if more else "0"])
         return purged, more
 
     def drop(self) -> bool:
