@@ -66,3 +66,16 @@ def reply_lost_once(
         mock.patch.object(AbstractConnection, "read_response", reading),
     ):
         yield lost
+
+
+def key_picture(client: Any, key: Any) -> Any:
+    """What a key holds, comparable across reads: its DUMP, but a hash's or a set's
+    content sorted (a hash table's DUMP follows its iteration order, which an incremental
+    rehash, run by reads alone, may change); None when the key does not exist."""
+    kind = client.type(key)
+    kind = kind.decode() if isinstance(kind, bytes) else kind
+    if kind == "hash":
+        return ("hash", sorted(client.hgetall(key).items()))
+    if kind == "set":
+        return ("set", sorted(client.smembers(key)))
+    return client.dump(key)

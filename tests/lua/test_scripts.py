@@ -19,6 +19,7 @@ import redis
 from belayq import ConfigError, ReliableQueue
 from belayq.admin import parse_meta
 from tests.conftest import make_client
+from tests.support import key_picture
 
 BELL = b"\0belayq:bell"
 
@@ -72,9 +73,9 @@ def existing(q: ReliableQueue) -> set[str]:
     return {k for k in q.keys.all_keys() if q.client.exists(k)}
 
 
-def snapshot(q: ReliableQueue) -> dict[str, bytes | None]:
-    """A byte-exact picture of every key of the queue."""
-    return {k: q.client.dump(k) for k in q.keys.all_keys()}
+def snapshot(q: ReliableQueue) -> dict[str, Any]:
+    """A picture of every key of the queue (see key_picture)."""
+    return {k: key_picture(q.client, k) for k in q.keys.all_keys()}
 
 
 def ready_ids(q: ReliableQueue, level: int = 0) -> list[bytes]:
