@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from . import rollups
 from .config import QueueConfig
 from .errors import CLIENT_ERROR, ConfigError, ConnectionLost, DurabilityError
+from .forking import fresh_pool_locks
 from .keeper import KEEPER
 from .keys import QueueKeys
 from .models import Delivery, SweepResult
@@ -45,28 +46,9 @@ def _shallow_copy(obj: T, **changes: Any) -> T:
     return twin
 
 
-def _fresh_pool_locks(client: Any) -> None:
-    """Give a forked child fresh locks in ``client``'s connection pool. redis-py's pool
-    takes its own lock as it resets itself in a new process (its first command there), but
-    keeps the lock object of the parent: when a keeper thread of the parent held it at the
-    instant of the fork, the child (an RQ work horse, a prefork child) waits on it forever.
-    Only locks the pool has are replaced, so a pool of another shape is left as it is."""
-    pool = getattr(client, "connection_pool", None)
-    if pool is None:
-        return
-    for name in ("_lock", "_fork_lock"):
-        lock = getattr(pool, name, None)
-        if isinstance(lock, _LOCK_TYPES):
-            setattr(pool, name, type(lock)())
-
-
-#: The lock types a pool's locks are renewed as (the same kind as the parent's).
-_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
-
-
 def _relock_after_fork() -> None:
     for q in list(FORKABLE):
-        _fresh_pool_locks(q.client)
+        fresh_pool_locks(q.client)
         q._lock = threading.Lock()
         q._retrying = threading.Lock()
         q._held = {}
